@@ -1,0 +1,5 @@
+import sys
+
+from argus.cli import main
+
+sys.exit(main())
