@@ -34,7 +34,13 @@ COMMON = [
 # libcuda entry points begin with `push` like NVIDIA's; libnccl's begin with `endbr64` (a CET
 # build), so the agent's first-instruction logic (attach past endbr64) is exercised.
 CUDA_FLAGS = [*COMMON, "-fcf-protection=none", "-Wl,-soname,libcuda.so.1"]
-NCCL_FLAGS = [*COMMON, "-fcf-protection=branch", "-Wl,-soname,libnccl.so.2", "-Wl,-rpath,$ORIGIN"]
+NCCL_FLAGS = [
+    *COMMON,
+    "-fcf-protection=branch",
+    "-fno-schedule-insns2",
+    "-Wl,-soname,libnccl.so.2",
+    "-Wl,-rpath,$ORIGIN",
+]
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
@@ -76,6 +77,8 @@ class SimJob:
         self.run_id = secrets.token_hex(4)
         self.run_dir = Path(cfg.run_dir or tempfile.mkdtemp(prefix=f"argus-sim-{self.run_id}-"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in [*self.run_dir.glob("rank*.jsonl"), *self.run_dir.glob("ready*"), self.run_dir / "go"]:
+            stale.unlink(missing_ok=True)  # a reused run dir must not leak a previous run's state
         self.procs: Dict[int, subprocess.Popen] = {}
         self.ranks: Dict[int, RankSteps] = {r: RankSteps() for r in range(cfg.ranks)}
         self.started_ns = 0
@@ -116,6 +119,7 @@ class SimJob:
             "faults": [f.to_dict() for f in self.faults],
             "run_dir": str(self.run_dir),
             "run_id": self.run_id,
+            "store": str(self.run_dir / f"store-{self.run_id}"),
             "init_config": self.cfg.init_config,
             "gate": str(self.run_dir / "go") if self.cfg.gate else None,
         }
@@ -124,6 +128,7 @@ class SimJob:
         rph = self.cfg.ranks_per_host
         pypath = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
         self.started_ns = time.monotonic_ns()
+        atexit.register(self.stop)  # never leave rank processes behind, whatever happens to the caller
         for r in range(self.cfg.ranks):
             env = dict(
                 os.environ,
@@ -136,6 +141,7 @@ class SimJob:
                 MASTER_PORT="29500",
                 TORCHELASTIC_RUN_ID=f"sim-{self.run_id}",
                 ARGUS_SIM_RUN=self.run_id,
+                ARGUS_HOST=f"node-{r // rph}",  # one simulated host per ranks_per_host ranks
                 ARGUS_SIM_CONFIG=str(cfg_path),
                 ARGUS_SIM_LIBDIR=str(libs.directory),
                 PYTHONPATH=pypath,

@@ -150,7 +150,7 @@ class Trainer:
         self.out = open(os.path.join(self.run_dir, f"rank{self.rank}.jsonl"), "a", buffering=1)
         self.cu = Cuda()
         self.nccl = Nccl()
-        self.store = FileStore(os.path.join(self.run_dir, "store"))
+        self.store = FileStore(cfg.get("store") or os.path.join(self.run_dir, "store"))
         self.compute_factor = 1.0
         self.mlp_factor = 1.0
         self.bwd_factor = 1.0

@@ -1,0 +1,115 @@
+"""Build, check and load the BPF programs of the selected channels with bcc.
+
+One compile unit includes the channel files the user enabled (bpf/cuda.bpf.c, bpf/nccl.bpf.c),
+so maps such as the per-process epoch are shared. Knobs are -D macros built by `cflags()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, List, Sequence
+
+from argus import hostfacts
+from argus.errors import EnvironmentProblem, PermissionDenied
+from argus.probes.base import Channel, call_cflags
+
+BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
+
+
+@dataclass(frozen=True)
+class BpfOptions:
+    launch_latency: bool = True
+    ringbuf_pages: int = 256  # 1 MiB: ~4,000 NCCL records
+    max_targets: int = 1024
+
+
+def cflags(channels: Sequence[Channel], opts: BpfOptions) -> List[str]:
+    flags = [
+        f"-I{BPF_DIR}",
+        f"-DARGUS_RINGBUF_PAGES={opts.ringbuf_pages}",
+        f"-DARGUS_MAX_TARGETS={opts.max_targets}",
+    ]
+    flags += [f"-D{c.macro}" for c in channels]
+    if opts.launch_latency:
+        flags.append("-DARGUS_LAUNCH_LATENCY")
+    return flags + call_cflags()
+
+
+def source(channels: Sequence[Channel]) -> str:
+    """The compile unit. bcc only turns functions of the main file into programs, so the channel
+    files are pasted in (with #line, so compiler errors name the real file and line)."""
+    parts = []
+    for name in ["argus.h", "steps.bpf.c", *[c.source for c in channels]]:
+        parts.append(f'#line 1 "{BPF_DIR / name}"\n{(BPF_DIR / name).read_text()}')
+    return "\n".join(parts)
+
+
+def full_text(channels: Sequence[Channel]) -> str:
+    """The whole program as compiled, for `--ebpf` (records.h is included by argus.h)."""
+    return f"/* bpf/records.h */\n{(BPF_DIR / 'records.h').read_text()}\n" + source(channels)
+
+
+def preflight() -> None:
+    """Fail early, with a hint, on what would make loading fail."""
+    cap = hostfacts.parse_cap_eff(Path("/proc/self/status").read_text())
+    if os.geteuid() != 0 and not hostfacts.can_use_bpf(cap):
+        raise PermissionDenied(
+            "argus probe needs root (or CAP_BPF + CAP_PERFMON) to load BPF programs",
+            f"sudo {' '.join(['argus', *sys.argv[1:]])}   (in a container: --privileged --pid=host)",
+        )
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        raise EnvironmentProblem(
+            f"the bcc Python module is not importable from {sys.executable}",
+            "sudo scripts/setup.sh (installs python3-bpfcc and a venv with --system-site-packages); "
+            "the PyPI package named bcc is unrelated",
+        ) from None
+    build = Path(f"/lib/modules/{platform.release()}/build")
+    if not build.exists():
+        raise EnvironmentProblem(
+            f"no kernel headers at {build}: bcc cannot compile",
+            "sudo scripts/setup.sh (links Debian's linux-headers-amd64)",
+        )
+    if (
+        not Path("/sys/kernel/tracing/uprobe_events").exists()
+        and not Path("/sys/kernel/debug/tracing/uprobe_events").exists()
+    ):
+        raise EnvironmentProblem(
+            "tracefs is not mounted (uprobes need it)",
+            "mount -t tracefs tracefs /sys/kernel/tracing  (or sudo scripts/setup.sh)",
+        )
+
+
+@contextlib.contextmanager
+def _capture_stderr() -> Iterator[Any]:
+    """bcc's compiler writes diagnostics to fd 2; keep them for the error message."""
+    with tempfile.TemporaryFile(mode="w+") as tmp:
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield tmp
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def load(channels: Sequence[Channel], opts: BpfOptions) -> Any:
+    from bcc import BPF
+
+    with _capture_stderr() as err:
+        try:
+            return BPF(text=source(channels), cflags=cflags(channels, opts))
+        except Exception as e:
+            err.seek(0)
+            diag = [ln for ln in err.read().splitlines() if "error" in ln]
+            raise EnvironmentProblem(
+                f"compiling the BPF programs failed: {(diag or [str(e)])[0].strip()}",
+                "run `argus doctor`; `argus probe --ebpf` prints the program and flags",
+            ) from None

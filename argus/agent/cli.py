@@ -1,0 +1,343 @@
+"""`argus probe`: attach to running training processes and report per-rank, per-step activity."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import click
+
+from argus.agent import bpfprog, identity
+from argus.agent import session as sess
+from argus.agent.render import RankView, render
+from argus.errors import ArgusError, NoSuchProcess, UsageError
+from argus.probes import libcuda, libnccl
+from argus.probes.base import Channel
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """'500ms', '10s', '2m', '1h' or a plain number of seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise click.BadParameter(f"'{text}' is not a duration (e.g. 500ms, 10s, 2m)")
+    return float(m.group(1)) * {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}[m.group(2)]
+
+
+class DurationType(click.ParamType):
+    name = "DURATION"
+
+    def convert(self, value: object, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        try:
+            return parse_duration(str(value))
+        except click.BadParameter as e:
+            self.fail(str(e.message), param, ctx)
+
+
+def find_candidates(match: Optional[str]) -> List[int]:
+    """Processes that map libcuda or libnccl (and whose command line matches `match`)."""
+    rx = re.compile(match) if match else None
+    me = os.getpid()
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == me:
+            continue
+        try:
+            maps = open(f"/proc/{d}/maps").read()
+            cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if ("libcuda.so" in maps or "libnccl.so" in maps) and (rx is None or rx.search(cmd)):
+            out.append(int(d))
+    return sorted(out)
+
+
+@click.command("probe")
+@click.option(
+    "-p", "--pid", "pids", type=int, multiple=True, metavar="PID", help="Process to probe (repeatable)."
+)
+@click.option(
+    "--all", "all_", is_flag=True, help="Probe every process that maps libcuda/libnccl, including new ones."
+)
+@click.option("--match", metavar="REGEX", help="With --all: only processes whose command line matches.")
+@click.option(
+    "-i",
+    "--interval",
+    type=DurationType(),
+    default="1s",
+    show_default=True,
+    help="How often maps are drained and output is produced.",
+)
+@click.option(
+    "-d",
+    "--duration",
+    type=DurationType(),
+    default=None,
+    help="Stop after this long (default: until Ctrl-C or every target exited).",
+)
+@click.option(
+    "-j",
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object per rank per step on stdout (fields: docs/probe.md).",
+)
+@click.option(
+    "--redis",
+    "redis_url",
+    metavar="URL",
+    default=None,
+    help="Publish summaries to Redis (not yet: accepted and ignored).",
+)
+@click.option(
+    "--ebpf", is_flag=True, help="Print the BPF program and compiler flags, then exit (no root needed)."
+)
+@click.option(
+    "--job", default=None, help="Job name (default: from TORCHELASTIC_RUN_ID / SLURM_JOB_ID of the target)."
+)
+@click.option(
+    "--rank", type=int, default=None, help="Rank of the single target (default: RANK from its environ)."
+)
+@click.option("--host", default=None, help="Host name to report (default: this host).")
+@click.option(
+    "--step-fn",
+    default=None,
+    metavar="[LIB_REGEX:]SYMBOL",
+    help="End a step at every call of this native function instead of detecting steps.",
+)
+@click.option("--no-cuda", is_flag=True, help="Skip the CUDA channel (libcuda).")
+@click.option("--no-nccl", is_flag=True, help="Skip the NCCL channel (libnccl).")
+@click.option(
+    "--launch-latency/--no-launch-latency",
+    default=True,
+    show_default=True,
+    help="Histogram of cuLaunchKernel host time (a uretprobe per launch).",
+)
+@click.option(
+    "--ringbuf-pages",
+    type=int,
+    default=256,
+    show_default=True,
+    help="Ring buffer size in 4 KiB pages (raise it if records are dropped).",
+)
+def probe_cmd(
+    pids: Tuple[int, ...],
+    all_: bool,
+    match: Optional[str],
+    interval: float,
+    duration: Optional[float],
+    as_json: bool,
+    redis_url: Optional[str],
+    ebpf: bool,
+    job: Optional[str],
+    rank: Optional[int],
+    host: Optional[str],
+    step_fn: Optional[str],
+    no_cuda: bool,
+    no_nccl: bool,
+    launch_latency: bool,
+    ringbuf_pages: int,
+) -> int:
+    """Trace CUDA and NCCL activity of running training processes, per rank and per step.
+
+    Attaches eBPF uprobes to the libcuda.so.1 and libnccl.so.2 each process has mapped; nothing
+    in the process changes and it is never restarted. Steps are found from the repeating pattern
+    of host syncs and collectives. Needs root (or CAP_BPF + CAP_PERFMON).
+
+    \b
+    Examples:
+      sudo argus probe -p 4242                     # live table for one rank
+      sudo argus probe -p 4242 -p 4243 -d 30s --json > steps.jsonl
+      sudo argus probe --all --match train.py      # every rank on this host
+      argus probe --ebpf                           # show the BPF program, no root
+    """
+    channels = [c for c, off in ((libcuda.CHANNEL, no_cuda), (libnccl.CHANNEL, no_nccl)) if not off]
+    if not channels:
+        raise UsageError("--no-cuda and --no-nccl leave nothing to probe")
+    opts = bpfprog.BpfOptions(launch_latency=launch_latency, ringbuf_pages=ringbuf_pages)
+    if ebpf:
+        click.echo(bpfprog.full_text(channels))
+        click.echo(f"/* cflags: {' '.join(bpfprog.cflags(channels, opts))} */")
+        return 0
+    if not pids and not all_:
+        raise UsageError(
+            "nothing to probe: give -p PID (repeatable) or --all",
+            "e.g. sudo argus probe -p $(pgrep -f train.py | head -1)",
+        )
+    if pids and all_:
+        raise UsageError("give either -p or --all, not both")
+    if rank is not None and len(pids) != 1:
+        raise UsageError("--rank applies to exactly one -p PID")
+    if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
+        raise UsageError("--ringbuf-pages must be a power of two", "e.g. 256 (1 MiB) or 1024")
+    for pid in pids:
+        if not os.path.exists(f"/proc/{pid}"):
+            raise NoSuchProcess(f"no process with pid {pid}", "check the pid: ps -eo pid,cmd | grep -i train")
+    if redis_url:
+        click.echo(
+            "note: --redis is accepted but publishing is not implemented yet; nothing is sent", err=True
+        )
+    return Prober(
+        channels, opts, list(pids), all_, match, interval, duration, as_json, job, rank, host, step_fn
+    ).run()
+
+
+class Prober:
+    """The agent's main loop around a Session (kept out of the click function for readability)."""
+
+    def __init__(
+        self,
+        channels: Sequence[Channel],
+        opts: bpfprog.BpfOptions,
+        pids: List[int],
+        all_: bool,
+        match: Optional[str],
+        interval: float,
+        duration: Optional[float],
+        as_json: bool,
+        job: Optional[str],
+        rank: Optional[int],
+        host: Optional[str],
+        step_fn: Optional[str],
+    ) -> None:
+        self.channels, self.opts = channels, opts
+        self.pids, self.all, self.match = pids, all_, match
+        self.interval, self.duration, self.as_json = interval, duration, as_json
+        self.job, self.rank, self.host, self.step_fn = job, rank, host, step_fn
+        self.stop = False
+        self.views: Dict[int, RankView] = {}
+
+    def _say(self, msg: str) -> None:
+        click.echo(msg, err=True)
+
+    def _add(self, session: sess.Session, pid: int, explicit: bool) -> bool:
+        try:
+            ident = identity.of_pid(pid, self.job, self.rank, self.host)
+            t = session.add(pid, ident)
+        except ArgusError:
+            if explicit:
+                raise
+            return False
+        self.views[pid] = RankView(pid, ident.rank, ident.host)
+        libs = ", ".join(f"{lp.library.path}" for lp in t.libraries.values())
+        self._say(
+            f"pid {pid}: rank {ident.rank if ident.rank >= 0 else '?'} of job {ident.job} on {ident.host} "
+            f"[{libs}]"
+        )
+        return True
+
+    def run(self) -> int:
+        for pid in self.pids:  # fail before compiling when a pid is not a target
+            sess.inspect(pid, self.channels)
+        t0 = time.monotonic()
+        s = sess.Session(self.channels, self.opts, self.step_fn)
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stop", True))
+        try:
+            for pid in self.pids:
+                self._add(s, pid, explicit=True)
+            if self.all:
+                for pid in find_candidates(self.match):
+                    self._add(s, pid, explicit=False)
+            chans = "+".join(c.name for c in self.channels)
+            self._say(
+                f"Tracing {len(s.targets)} process(es) ({chans}, {s.health.attached} probes, ready in "
+                f"{time.monotonic() - t0:.1f} s). Hit Ctrl-C to end."
+            )
+            for p in s.health.slow_probes:
+                self._say(
+                    f"warning: {p.library}:{p.symbol} starts with an instruction the kernel must single-step "
+                    f"({p.insn}): ~13 µs per call instead of ~1 µs"
+                )
+            for w in s.health.warnings:
+                self._say(f"warning: {w}")
+            return self._loop(s)
+        except KeyboardInterrupt:
+            return 0
+        finally:
+            self._finish(s)
+
+    def _loop(self, s: sess.Session) -> int:
+        from rich.console import Console
+        from rich.live import Live
+
+        console = Console(stderr=False)
+        live = None
+        if not self.as_json and console.is_terminal:
+            live = Live(console=console, refresh_per_second=2, transient=False)
+            live.start()
+        start = time.monotonic()
+        next_drain = start + self.interval
+        next_scan = start + 2.0
+        try:
+            while not self.stop:
+                time.sleep(0.05)
+                s.consume()
+                now = time.monotonic()
+                if now < next_drain:
+                    continue
+                next_drain = now + self.interval
+                self._emit(s, live)
+                if self.all and now >= next_scan:
+                    next_scan = now + 2.0
+                    for pid in find_candidates(self.match):
+                        if pid not in s.targets:
+                            self._add(s, pid, explicit=False)
+                if self.duration is not None and now - start >= self.duration:
+                    break
+                if not self.all and all(not t.alive for t in s.targets.values()):
+                    break
+        finally:
+            if live is not None:
+                live.stop()
+        return 0
+
+    def _emit(self, s: sess.Session, live: Optional[object]) -> None:
+        for pid in s.reap():
+            v = self.views.get(pid)
+            if v is not None:
+                v.exited = True
+            self._say(
+                f"pid {pid} exited; still serving {sum(t.alive for t in s.targets.values())} process(es)"
+            )
+        s.consume()
+        s.drain()
+        self._output(s.steps())
+        if self.as_json:
+            return
+        header = f"argus probe — {len(self.views)} process(es) — interval {self.interval:g} s"
+        table = render(list(self.views.values()), s.health.drops, header, len(s.health.slow_probes))
+        if live is not None:
+            live.update(table)  # type: ignore[attr-defined]
+        else:
+            from rich.console import Console
+
+            Console(width=200).print(table)
+
+    def _output(self, steps: List[dict]) -> None:
+        for step in steps:
+            v = self.views.get(step["pid"])
+            if v is not None:
+                v.update(step)
+            if self.as_json:
+                sys.stdout.write(json.dumps(step, separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+
+    def _finish(self, s: sess.Session) -> None:
+        try:
+            s.consume()
+            for pid in list(s.targets):
+                s.remove(pid)
+            s.drain()
+            self._output(s.steps())
+            if s.health.drops:
+                self._say(f"dropped records: {s.health.drops} — raise --ringbuf-pages or lower --interval")
+        finally:
+            s.close(background=True)

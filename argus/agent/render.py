@@ -1,0 +1,139 @@
+"""The live per-rank summary of `argus probe` (pure: views in, a rich renderable out)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Deque, Dict, List, Optional
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def fmt_ns(ns: float) -> str:
+    if ns >= 1e9:
+        return f"{ns / 1e9:.2f} s"
+    if ns >= 1e6:
+        return f"{ns / 1e6:.1f} ms"
+    if ns >= 1e3:
+        return f"{ns / 1e3:.0f} µs"
+    return f"{ns:.0f} ns"
+
+
+@dataclass
+class RankView:
+    """What the table shows about one probed process, updated with each step summary."""
+
+    pid: int
+    rank: int
+    host: str
+    steps: int = 0
+    last: Optional[dict] = None
+    durations: Deque[int] = field(default_factory=lambda: deque(maxlen=20))
+    waits: Deque[int] = field(default_factory=lambda: deque(maxlen=20))
+    exited: bool = False
+
+    def update(self, step: dict) -> None:
+        self.steps += 1
+        self.last = step
+        self.durations.append(step["duration_ns"])
+        self.waits.append(step["cuda"]["sync"]["wait_ns"])
+
+
+def _top_collective(step: dict) -> str:
+    ops = step["nccl"]["ops"]
+    if not ops:
+        return "-"
+    op, o = max(ops.items(), key=lambda kv: kv[1]["bytes"])
+    return f"{op} ×{o['count']} {fmt_bytes(o['bytes'])}"
+
+
+def _top_kernels(step: dict, n: int = 2) -> str:
+    by = step["cuda"]["launches"]["by_kernel"]
+    return ", ".join(f"{k} ×{v}" for k, v in list(by.items())[:n]) or "-"
+
+
+def _errors(step: dict) -> str:
+    parts = []
+    for chan in ("cuda", "nccl"):
+        for call, codes in step[chan]["errors"].items():
+            for code, c in codes.items():
+                parts.append(f"{call}={code}×{c}")
+    return ", ".join(parts[:2]) + ("…" if len(parts) > 2 else "") if parts else "-"
+
+
+def render(views: List[RankView], drops: Dict[str, int], header: str, slow_probes: int = 0) -> Group:
+    t = Table(title=header, title_justify="left", expand=False)
+    for col in (
+        "rank",
+        "pid",
+        "host",
+        "step",
+        "step time",
+        "host wait",
+        "launches",
+        "top collective (bytes)",
+        "top kernels",
+        "errors",
+    ):
+        t.add_column(
+            col,
+            justify="right"
+            if col in ("rank", "pid", "step", "step time", "host wait", "launches")
+            else "left",
+            no_wrap=True,
+        )
+    for v in sorted(views, key=lambda v: (v.rank, v.pid)):
+        s = v.last
+        rank = str(v.rank) if v.rank >= 0 else "?"
+        if s is None:
+            state = "exited" if v.exited else "waiting for the first step…"
+            t.add_row(rank, str(v.pid), v.host, "-", state, "", "", "", "", "")
+            continue
+        med = statistics.median(v.durations)
+        wait = statistics.median(v.waits)
+        style = "dim" if v.exited else ""
+        t.add_row(
+            rank,
+            str(v.pid),
+            v.host,
+            str(s["step"]),
+            fmt_ns(med),
+            f"{fmt_ns(wait)} ({100 * wait / med:.0f}%)" if med else fmt_ns(wait),
+            str(s["cuda"]["launches"]["total"]),
+            _top_collective(s),
+            _top_kernels(s),
+            _errors(s),
+            style=style,
+        )
+    notes: List[Text] = []
+    if drops:
+        notes.append(
+            Text(
+                f"dropped: {', '.join(f'{k} {v}' for k, v in drops.items())} — raise --ringbuf-pages "
+                "or shorten --interval",
+                style="yellow",
+            )
+        )
+    if slow_probes:
+        notes.append(
+            Text(f"{slow_probes} probe(s) single-stepped (slow); see the startup warnings", style="yellow")
+        )
+    notes.append(
+        Text(
+            "step time and host wait: median of the last 20 steps; collective bytes per step. "
+            "Host time of an NCCL call is enqueue, not transfer.",
+            style="dim",
+        )
+    )
+    return Group(t, *notes)

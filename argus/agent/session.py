@@ -1,0 +1,330 @@
+"""The probing session: load BPF, attach to libraries, register target processes, and turn ring
+records and drained maps into per-step summaries.
+
+One session serves many processes: uprobes are attached once per library file (by inode) and a
+`targets` map filters by tgid, so adding a process never recompiles. The loop never blocks the
+targets: BPF programs only count and append; all work happens here, on the agent's time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+from argus.agent import bpfprog
+from argus.agent.identity import Identity
+from argus.agent.tracker import STEP_MARKER, RankTracker
+from argus.errors import NotATarget, SymbolMissing
+from argus.probes import libcuda, libnccl
+from argus.probes.base import Channel, LibraryProbes, MappedLibrary, register_calls, resolve
+from argus.probes.elf import Elf
+from argus.probes.records import DROP_NAMES, DecodeError, TargetCfg, decode
+
+register_calls([STEP_MARKER])
+ALL_CHANNELS: Tuple[Channel, ...] = (libcuda.CHANNEL, libnccl.CHANNEL)
+DETECT: Dict[str, Callable[[int], Optional[MappedLibrary]]] = {"cuda": libcuda.detect, "nccl": libnccl.detect}
+
+
+@dataclass
+class Target:
+    pid: int
+    identity: Identity
+    tracker: RankTracker
+    libraries: Dict[str, LibraryProbes]
+    final_before: int = 0  # epochs below this are complete in the maps
+    seen_epoch: int = 0  # the epoch counter at the previous drain
+    alive: bool = True
+    flushed: bool = False  # after exit: the tail was emitted
+
+
+@dataclass
+class SlowProbe:
+    library: str
+    symbol: str
+    insn: str
+    note: str
+
+
+@dataclass
+class Health:
+    drops: Dict[str, int] = field(default_factory=dict)
+    decode_errors: int = 0
+    attached: int = 0
+    slow_probes: List[SlowProbe] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+
+
+class Session:
+    def __init__(
+        self,
+        channels: Sequence[Channel] = ALL_CHANNELS,
+        opts: Optional[bpfprog.BpfOptions] = None,
+        step_fn: Optional[str] = None,
+    ) -> None:
+        self.channels = list(channels)
+        self.opts = opts or bpfprog.BpfOptions()
+        self.step_fn = step_fn
+        self.targets: Dict[int, Target] = {}
+        self.health = Health()
+        self._attached_inodes: Set[Tuple[str, Tuple[int, int]]] = set()
+        bpfprog.preflight()
+        self.bpf: Any = bpfprog.load(self.channels, self.opts)
+        self.bpf["records"].open_ring_buffer(self._on_ring)
+        self.started_ns = time.monotonic_ns()
+
+    # ---- targets -------------------------------------------------------------------------------------
+
+    def add(self, pid: int, identity: Identity) -> Target:
+        libs = inspect(pid, self.channels)
+        layout = libnccl.UNKNOWN_LAYOUT
+        nccl = libs.get("nccl")
+        if nccl is not None and nccl.elf is not None:
+            layout = libnccl.layout_of(nccl.elf)
+        for lp in libs.values():
+            self._attach(lp)
+            for name in lp.missing_optional:
+                self.health.warnings.append(f"{lp.library.path}: optional symbol {name} missing (not probed)")
+        self._attach_step_fn(pid)
+        tracker = RankTracker(
+            identity,
+            layout,
+            read_mem=functools.partial(read_process, pid),
+            step_fn=self.step_fn is not None,
+        )
+        t = Target(pid, identity, tracker, libs)
+        # start counting epochs from where the process is (0 when new)
+        key = ctypes.c_uint32(pid)
+        epochs = self.bpf["epochs"]
+        cur = epochs.get(key)
+        if cur is None:
+            epochs[key] = ctypes.c_uint64(0)
+        else:
+            t.seen_epoch = t.final_before = t.tracker.next_epoch = int(cur.value)
+        cfg = TargetCfg(
+            rank=max(identity.rank, 0) & 0xFFFFFFFF,
+            flags=0,
+            off_coll_opcount=layout.coll_opcount,
+            off_comm_hash=layout.comm_hash,
+            off_comm_rank=layout.rank,
+            off_comm_nranks=layout.nranks,
+        )
+        tbl = self.bpf["targets"]
+        tbl[key] = tbl.Leaf.from_buffer_copy(bytes(cfg))
+        self.targets[pid] = t
+        return t
+
+    def remove(self, pid: int) -> None:
+        t = self.targets.get(pid)
+        if t is None:
+            return
+        t.alive = False
+        try:
+            del self.bpf["targets"][ctypes.c_uint32(pid)]
+        except KeyError:
+            pass
+
+    def _attach(self, lp: LibraryProbes) -> None:
+        ident = (lp.channel.name, lp.library.inode)
+        if ident in self._attached_inodes:
+            return
+        path = lp.library.host_path
+        for p in lp.probes:
+            addr = p.offset + p.plan.offset
+            if p.spec.entry:
+                self.bpf.attach_uprobe(name=path, addr=addr, fn_name=f"{p.spec.symbol}_entry")
+                self.health.attached += 1
+            if p.spec.ret and p.spec.symbol not in (libcuda.ENTRY_ONLY | libnccl.ENTRY_ONLY):
+                self.bpf.attach_uretprobe(name=path, addr=addr, fn_name=f"{p.spec.symbol}_return")
+                self.health.attached += 1
+            if not p.plan.fast:
+                self.health.slow_probes.append(
+                    SlowProbe(os.path.basename(path), p.spec.symbol, p.plan.insn, p.plan.note)
+                )
+        self._attached_inodes.add(ident)
+
+    def _attach_step_fn(self, pid: int) -> None:
+        """--step-fn [LIB:]SYMBOL: every call ends a step (a native function of the process)."""
+        if not self.step_fn or ("step", 0) in {(a, 0) for a, _ in self._attached_inodes}:
+            return
+        lib, _, sym = self.step_fn.rpartition(":")
+        from argus.probes.base import find_library
+
+        mapped = find_library(pid, lib) if lib else None
+        path = mapped.host_path if mapped else f"/proc/{pid}/exe"
+        elf = Elf(path)
+        s = elf.symbols.get(sym)
+        if s is None:
+            raise SymbolMissing(
+                f"--step-fn: {sym} not found in {path}",
+                "give LIBRARY_REGEX:SYMBOL, e.g. 'libtrain\\.so:train_step'",
+            )
+        self.bpf.attach_uprobe(name=path, addr=s.offset, fn_name="step_marker_entry")
+        self._attached_inodes.add(("step", (0, 0)))
+
+    # ---- the loop ------------------------------------------------------------------------------------
+
+    def _on_ring(self, _ctx: Any, data: Any, size: int) -> None:
+        try:
+            rec = decode(ctypes.string_at(data, size))
+        except DecodeError:
+            self.health.decode_errors += 1
+            return
+        t = self.targets.get(rec.h.tgid)
+        if t is not None:
+            t.tracker.on_record(rec)
+
+    def consume(self) -> None:
+        self.bpf.ring_buffer_consume()
+
+    def drain(self) -> None:
+        """Read the aggregation maps into the trackers; delete entries of complete epochs."""
+        cur = {int(k.value): int(v.value) for k, v in self.bpf["epochs"].items()}
+        final: Dict[int, int] = {}
+        for pid, t in self.targets.items():
+            # epochs closed before the previous drain get no more updates: they are final now
+            final[pid] = min(t.seen_epoch, cur.get(pid, 0)) if t.alive else cur.get(pid, 0) + 1
+            t.seen_epoch = cur.get(pid, 0)
+
+        def take(table: str, on: Callable[[Target, Any, Any], None]) -> None:
+            tbl = self.bpf[table]
+            done = []
+            for k, v in tbl.items():
+                t = self.targets.get(k.tgid)
+                if t is None:
+                    done.append(k)  # a process we no longer track
+                    continue
+                if k.epoch < final[k.tgid] and k.epoch >= t.final_before:
+                    on(t, k, v)
+                    done.append(k)
+                elif k.epoch < t.final_before:
+                    done.append(k)
+            for k in done:
+                try:
+                    del tbl[k]
+                except KeyError:
+                    pass
+
+        if "cuda" in {c.name for c in self.channels}:
+            take("launches", lambda t, k, v: t.tracker.add_launches(k.epoch, k.func, v.value))
+            take("hists", lambda t, k, v: t.tracker.add_hist(k.epoch, k.slot, v.value))
+            take("mem", lambda t, k, v: t.tracker.add_mem(k.epoch, k.kind, v.count, v.bytes))
+        take("errors", lambda t, k, v: t.tracker.add_error(k.epoch, k.call, k.result, v.value))
+        take("call_counts", lambda t, k, v: t.tracker.add_call(k.epoch, k.call, v.value))
+        for pid, t in self.targets.items():
+            t.final_before = max(t.final_before, final[pid])
+        for i, name in DROP_NAMES.items():
+            v = int(self.bpf["drops"][ctypes.c_int(i)].value)
+            if v:
+                self.health.drops[name] = v
+
+    def steps(self) -> List[dict]:
+        """Complete steps of every target since the last call."""
+        wall = time.time_ns() - time.monotonic_ns()
+        out: List[dict] = []
+        for t in self.targets.values():
+            out.extend(t.tracker.finalize(t.final_before, wall))
+            if not t.alive and not t.flushed:
+                t.flushed = True
+                tail = t.tracker.flush_tail(wall)
+                if tail is not None:
+                    out.append(tail)
+        return out
+
+    def inflight(self) -> List[dict]:
+        """Calls entered and not returned (what a hung rank is blocked in)."""
+        from argus.probes.base import call_name
+
+        now = time.monotonic_ns()
+        out = []
+        for k, v in self.bpf["inflight_calls"].items():
+            if v.tgid in self.targets:
+                out.append(
+                    {
+                        "pid": v.tgid,
+                        "tid": int(k.value) >> 1,
+                        "call": call_name(v.call),
+                        "since_ns": v.enter_ns,
+                        "age_s": (now - v.enter_ns) / 1e9,
+                        "handle": v.handle,
+                        "seq": v.seq,
+                    }
+                )
+        return out
+
+    def reap(self) -> List[int]:
+        """Targets that exited since the last call (their remaining steps are flushed)."""
+        gone = [pid for pid, t in self.targets.items() if t.alive and process_gone(pid)]
+        for pid in gone:
+            self.remove(pid)
+        return gone
+
+    def close(self, background: bool = False) -> None:
+        """Detach everything.
+
+        Removing a uprobe waits for an RCU grace period under a global mutex: ~0.11 s each here,
+        8 s for 72 probes. With `background`, a forked child holds the last references and pays
+        that after we are gone; the probes already do nothing (the targets map is cleared first).
+        """
+        try:
+            self.bpf["targets"].clear()
+        except Exception:  # the map may already be gone during shutdown
+            pass
+        if background and self.bpf.uprobe_fds:
+            parent = os.getpid()
+            if os.fork() == 0:  # child: outlive the parent, then exiting closes the perf fds (slowly)
+                os.setsid()
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):  # let pipes to our caller close now
+                    os.dup2(null, fd)
+                deadline = time.monotonic() + 600
+                while os.getppid() == parent and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                os._exit(0)
+            self.bpf.uprobe_fds.clear()  # our copies close cheaply at exit (the child still holds them)
+        try:
+            self.bpf.cleanup()
+        except Exception:  # detaching during interpreter shutdown must not raise
+            pass
+
+
+def inspect(pid: int, channels: Sequence[Channel] = ALL_CHANNELS) -> Dict[str, LibraryProbes]:
+    """Which channels apply to `pid`, resolved; raises when none, or when a required symbol is missing."""
+    found: Dict[str, LibraryProbes] = {}
+    for ch in channels:
+        lib = DETECT[ch.name](pid)
+        if lib is not None:
+            found[ch.name] = resolve(ch, lib)
+    if not found:
+        raise NotATarget(
+            f"pid {pid} maps neither libcuda nor libnccl: not a CUDA/NCCL process (or not started yet)",
+            f"check: grep -E 'libcuda|libnccl' /proc/{pid}/maps; `--all` waits for processes to appear",
+        )
+    for lp in found.values():
+        if lp.missing_required:
+            raise SymbolMissing(
+                f"pid {pid}: {lp.library.path} lacks required symbol(s) {', '.join(lp.missing_required)}",
+                f"this {lp.channel.name} version is not supported yet; --no-{lp.channel.name} skips it",
+            )
+    return found
+
+
+def process_gone(pid: int) -> bool:
+    """Exited: no /proc entry, or a zombie waiting to be reaped."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2 :][:1] in ("Z", "X")
+
+
+def read_process(pid: int, addr: int, n: int) -> Optional[bytes]:
+    try:
+        with open(f"/proc/{pid}/mem", "rb", buffering=0) as f:
+            f.seek(addr)
+            return f.read(n)
+    except (OSError, ValueError, OverflowError):
+        return None

@@ -1,0 +1,411 @@
+"""Per-process state of `argus probe`: records and per-epoch aggregates in, step summaries out.
+
+Pure: it never touches BPF, so it is tested by feeding records. The session feeds ring-buffer
+records as they arrive (`on_record`) and drained map contents (`add_*`), then calls
+`finalize(final_before)` once every epoch below `final_before` is complete.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+from argus.agent.identity import Identity
+from argus.agent.steps import EpochSig, StepDetector
+from argus.probes import libcuda, libnccl
+from argus.probes.base import call_id, call_name
+from argus.probes.records import (
+    NCCL_F_IN_GROUP,
+    NCCL_F_SEQ_FROM_COMM,
+    RecCommInit,
+    RecElapsed,
+    RecEventRecord,
+    RecFuncName,
+    RecNccl,
+    Record,
+    RecSync,
+)
+
+SCHEMA = 1
+FNV_OFFSET = 0xCBF29CE484222325
+MAX_PENDING_EPOCHS = 4096
+STEP_MARKER = "step_marker"
+
+
+def fnv1a64(data: bytes, h: int = FNV_OFFSET) -> int:
+    for c in data:
+        h = ((h ^ c) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+@dataclass
+class CommInfo:
+    hash: int
+    nranks: int  # -1 when unknown
+    rank: int
+    source: str  # init (seen created) | split | attach (read from the process later) | handle (unknown)
+
+    @property
+    def key(self) -> str:
+        return f"{self.hash:016x}"
+
+
+@dataclass
+class EpochData:
+    launches: Counter = field(default_factory=Counter)  # CUfunction -> count
+    launch_hist: Counter = field(default_factory=Counter)  # log2(ns) -> count
+    mem: Dict[int, List[int]] = field(default_factory=dict)  # MEM kind -> [count, bytes]
+    errors: Counter = field(default_factory=Counter)  # (call, result) -> count
+    calls: Counter = field(default_factory=Counter)  # call -> count
+    sync: Optional[RecSync] = None
+    nccl: List[RecNccl] = field(default_factory=list)
+    elapsed: List[RecElapsed] = field(default_factory=list)
+    inits: List[RecCommInit] = field(default_factory=list)
+    event_records: int = 0
+
+
+def _ms(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+class RankTracker:
+    def __init__(
+        self,
+        identity: Identity,
+        layout: libnccl.CommLayout = libnccl.UNKNOWN_LAYOUT,
+        read_mem: Optional[Callable[[int, int], Optional[bytes]]] = None,
+        step_fn: bool = False,
+    ) -> None:
+        self.id = identity
+        self.layout = layout
+        self.read_mem = read_mem
+        self.epochs: Dict[int, EpochData] = {}
+        self.func_names: Dict[int, str] = {}
+        self.comms: Dict[int, CommInfo] = {}
+        self.split_counts: Counter = Counter()
+        self.event_stream: Dict[int, int] = {}
+        self.detector = StepDetector(step_fn=step_fn)
+        self.next_epoch = 0  # first epoch not yet given to the detector
+        self.queue: List[int] = []  # epochs given to the detector, not yet cut into steps
+        self.last_boundary: Optional[int] = None
+        self.last_boundary_sync: Optional[RecSync] = None
+        self.ordinal = 0
+        self.unassigned_epochs = 0
+        self.records_seen = 0
+        self.decode_errors = 0
+        self.steps_emitted = 0
+
+    def epoch(self, e: int) -> EpochData:
+        d = self.epochs.get(e)
+        if d is None:
+            d = self.epochs[e] = EpochData()
+        return d
+
+    # ---- inputs --------------------------------------------------------------------------------------
+
+    def on_record(self, r: Record) -> None:
+        self.records_seen += 1
+        if isinstance(r, RecSync):
+            self.epoch(r.h.epoch).sync = r
+        elif isinstance(r, RecNccl):
+            self.epoch(r.h.epoch).nccl.append(r)
+            if r.comm and r.comm not in self.comms:
+                self._identify(r.comm)
+        elif isinstance(r, RecElapsed):
+            self.epoch(r.h.epoch).elapsed.append(r)
+        elif isinstance(r, RecEventRecord):
+            self.epoch(r.h.epoch).event_records += 1
+            self.event_stream[r.event] = r.stream
+        elif isinstance(r, RecFuncName):
+            if r.result == 0 and r.func:
+                self.func_names[r.func] = r.name.decode(errors="replace")
+        elif isinstance(r, RecCommInit):
+            self.epoch(r.h.epoch).inits.append(r)
+            self._on_comm_init(r)
+
+    def add_launches(self, epoch: int, func: int, count: int) -> None:
+        self.epoch(epoch).launches[func] += count
+
+    def add_hist(self, epoch: int, slot: int, count: int) -> None:
+        self.epoch(epoch).launch_hist[slot] += count
+
+    def add_mem(self, epoch: int, kind: int, count: int, nbytes: int) -> None:
+        m = self.epoch(epoch).mem.setdefault(kind, [0, 0])
+        m[0] += count
+        m[1] += nbytes
+
+    def add_error(self, epoch: int, call: int, result: int, count: int) -> None:
+        self.epoch(epoch).errors[(call, result)] += count
+
+    def add_call(self, epoch: int, call: int, count: int) -> None:
+        self.epoch(epoch).calls[call] += count
+
+    # ---- communicators -------------------------------------------------------------------------------
+
+    def _on_comm_init(self, r: RecCommInit) -> None:
+        if r.result != 0 or not r.comm:
+            return
+        name = call_name(r.h.call)
+        if r.comm_hash:
+            info = CommInfo(r.comm_hash, r.comm_nranks, r.comm_rank, "init")
+        elif r.has_uid:
+            info = CommInfo(fnv1a64(bytes(r.uid)), r.nranks, r.rank, "init")
+        elif name == "ncclCommSplit" and r.parent in self.comms:
+            # ranks of the parent split in the same order: (parent, split index, color) names the child
+            seq = self.split_counts[r.parent]
+            h = fnv1a64(self.comms[r.parent].hash.to_bytes(8, "little"))
+            h = fnv1a64(seq.to_bytes(8, "little"), h)
+            h = fnv1a64(r.color.to_bytes(8, "little", signed=True), h)
+            info = CommInfo(h, -1, -1, "split")
+        else:
+            info = CommInfo(r.comm, -1, -1, "handle")
+        if name == "ncclCommSplit":
+            self.split_counts[r.parent] += 1
+        self.comms[r.comm] = info
+
+    def _identify(self, comm: int) -> None:
+        """A communicator created before we attached: read it from the process when the layout is known."""
+        lay = self.layout
+        if lay.known and self.read_mem is not None:
+            hi = max(lay.comm_hash + 8, lay.rank + 4, lay.nranks + 4)
+            raw = self.read_mem(comm, hi)
+            if raw is not None and len(raw) >= hi:
+                h = int.from_bytes(raw[lay.comm_hash : lay.comm_hash + 8], "little")
+                rank = int.from_bytes(raw[lay.rank : lay.rank + 4], "little", signed=True)
+                nranks = int.from_bytes(raw[lay.nranks : lay.nranks + 4], "little", signed=True)
+                self.comms[comm] = CommInfo(h, nranks, rank, "attach")
+                return
+        self.comms[comm] = CommInfo(comm, -1, -1, "handle")
+
+    # ---- steps ---------------------------------------------------------------------------------------
+
+    def _sig(self, e: int) -> EpochSig:
+        d = self.epochs.get(e) or EpochData()
+        colls: Counter = Counter()
+        first = last = None
+        for n in d.nccl:
+            colls[(self.comms.get(n.comm, CommInfo(n.comm, -1, -1, "handle")).hash, n.h.call)] += 1
+            first = n.enter_ns if first is None else min(first, n.enter_ns)
+            last = n.h.ts if last is None else max(last, n.h.ts)
+        s = d.sync
+        sync = (s.h.call, s.handle, s.h.tid) if s is not None else None
+        marker = s is not None and call_name(s.h.call) == STEP_MARKER
+        return EpochSig(
+            e, sync, tuple(sorted(colls.items(), key=repr)), s.h.ts if s else 0, first, last, marker
+        )
+
+    def finalize(self, final_before: int, wall_offset_ns: int = 0) -> List[dict]:
+        """Cut every step whose epochs are all below `final_before`; return their summaries."""
+        for e in range(self.next_epoch, final_before):
+            self.detector.add(self._sig(e))
+            self.queue.append(e)
+        self.next_epoch = max(self.next_epoch, final_before)
+        out: List[dict] = []
+        if self.detector.period is None and not self.detector.step_fn:
+            while len(self.queue) > MAX_PENDING_EPOCHS:  # no period yet: bound what we keep
+                self.epochs.pop(self.queue.pop(0), None)
+                self.unassigned_epochs += 1
+            return out
+        keep: List[int] = []
+        for e in self.queue:
+            keep.append(e)
+            if not self.detector.is_boundary(self._sig(e)):
+                continue
+            if self.last_boundary is not None:
+                out.append(self.summarize(keep, wall_offset_ns))
+            self.last_boundary_sync = self.epoch(e).sync
+            for x in keep:
+                self.epochs.pop(x, None)
+            keep = []
+            self.last_boundary = e
+        self.queue = keep
+        return out
+
+    def flush_tail(self, wall_offset_ns: int = 0) -> Optional[dict]:
+        """After the process exited: what was never part of a complete step (or of any step, when
+        no period was found) as one record with step None and step_source "tail"."""
+        rest = sorted(set(self.queue) | {e for e in self.epochs if e >= self.next_epoch})
+        self.queue = []
+        if not any(e in self.epochs for e in rest):
+            return None
+        out = self.summarize(rest, wall_offset_ns)
+        out["step"], out["step_source"] = None, "tail"
+        for e in rest:
+            self.epochs.pop(e, None)
+        return out
+
+    # ---- summaries -----------------------------------------------------------------------------------
+
+    def summarize(self, epochs: List[int], wall_offset_ns: int = 0) -> dict:
+        """One step as the documented JSON object (docs/probe.md)."""
+        data = [self.epochs.get(e) or EpochData() for e in epochs]
+        start_sync = self.last_boundary_sync
+        end_sync = data[-1].sync
+        end_ns = end_sync.h.ts if end_sync else 0
+        start_ns = start_sync.h.ts if start_sync else (data[0].sync.enter_ns if data[0].sync else end_ns)
+        step, source = self._step_index(data)
+        self.ordinal += 1
+        self.steps_emitted += 1
+        det = self.detector.period
+        return {
+            "schema": SCHEMA,
+            **self.id.as_dict(),
+            "step": step,
+            "step_source": source,
+            "start_ns": start_ns,
+            "end_ns": end_ns,
+            "duration_ns": max(0, end_ns - start_ns),
+            "wall_offset_ns": wall_offset_ns,
+            "period": {
+                "syncs_per_step": det.length if det else None,
+                "confidence": round(det.confidence, 3) if det else None,
+                "source": det.source if det else None,
+            },
+            "cuda": self._cuda(data),
+            "nccl": self._nccl(data),
+        }
+
+    def _step_index(self, data: List[EpochData]) -> Tuple[int, str]:
+        """A step number all ranks agree on: the first collective sequence number of the widest
+        communicator, divided by its collectives per step. Falls back to a local ordinal."""
+        per_comm: Dict[int, List[int]] = {}
+        for d in data:
+            for n in d.nccl:
+                if n.flags & NCCL_F_SEQ_FROM_COMM:
+                    per_comm.setdefault(n.comm, []).append(n.seq)
+        if per_comm:
+            ref = max(
+                per_comm, key=lambda c: (self.comms[c].nranks if c in self.comms else -1, len(per_comm[c]), c)
+            )
+            seqs = per_comm[ref]
+            return min(seqs) // len(seqs), "nccl-seq"
+        return self.ordinal, "ordinal"
+
+    def _cuda(self, data: List[EpochData]) -> dict:
+        launches: Counter = Counter()
+        hist: Counter = Counter()
+        mem: Dict[str, List[int]] = {}
+        errors: Dict[str, Dict[str, int]] = {}
+        sync_by: Dict[str, List[int]] = {}
+        timers = []
+        event_records = 0
+        for d in data:
+            for f, c in d.launches.items():
+                launches[self.func_names.get(f, f"fn@{f:#x}")] += c
+            hist.update(d.launch_hist)
+            for k, (c, b) in d.mem.items():
+                m = mem.setdefault(libcuda.MEM_KINDS[k] if k < len(libcuda.MEM_KINDS) else str(k), [0, 0])
+                m[0] += c
+                m[1] += b
+            for (call, res), c in d.errors.items():
+                name = call_name(call)
+                if name.startswith("cu"):
+                    errors.setdefault(name, {})[str(res)] = errors.get(name, {}).get(str(res), 0) + c
+            if d.sync is not None:
+                s = sync_by.setdefault(call_name(d.sync.h.call), [0, 0])
+                s[0] += 1
+                s[1] += d.sync.h.ts - d.sync.enter_ns
+            for el in d.elapsed:
+                if el.result == 0:
+                    timers.append(
+                        {
+                            "ms": _ms(el.ms_bits),
+                            "start_event": f"{el.start_ev:#x}",
+                            "end_event": f"{el.end_ev:#x}",
+                            "stream": f"{self.event_stream.get(el.end_ev, 0):#x}",
+                        }
+                    )
+            event_records += d.event_records
+        total_launch = sum(launches.values())
+        return {
+            "launches": {
+                "total": total_launch,
+                "by_kernel": dict(launches.most_common()),
+                "api_ns_log2_hist": {str(k): v for k, v in sorted(hist.items())},
+            },
+            "sync": {
+                "count": sum(v[0] for v in sync_by.values()),
+                "wait_ns": sum(v[1] for v in sync_by.values()),
+                "by_call": {k: {"count": c, "wait_ns": w} for k, (c, w) in sync_by.items()},
+            },
+            "memcpy": {
+                k: {"count": c, "bytes": b}
+                for k, (c, b) in mem.items()
+                if k in ("HtoD", "DtoH", "DtoD", "memset")
+            },
+            "memory": {
+                k: {"count": c, "bytes": b} for k, (c, b) in mem.items() if k.startswith(("alloc", "free"))
+            },
+            "timers": timers,
+            "event_records": event_records,
+            "errors": errors,
+        }
+
+    def _nccl(self, data: List[EpochData]) -> dict:
+        ops: Dict[str, Dict[str, int]] = {}
+        comms: Dict[str, dict] = {}
+        arrivals = []
+        errors: Dict[str, Dict[str, int]] = {}
+        groups = 0
+        for d in data:
+            groups += d.calls.get(call_id("ncclGroupStart"), 0)
+            for (call, res), c in d.errors.items():
+                name = call_name(call)
+                if name.startswith("nccl"):
+                    errors.setdefault(name, {})[str(res)] = errors.get(name, {}).get(str(res), 0) + c
+            for n in d.nccl:
+                op = libnccl.OPS.get(call_name(n.h.call), call_name(n.h.call))
+                size = libnccl.DTYPE_SIZES[n.dtype] if n.dtype < len(libnccl.DTYPE_SIZES) else 0
+                nbytes = n.count * size
+                o = ops.setdefault(op, {"count": 0, "bytes": 0, "host_ns": 0})
+                o["count"] += 1
+                o["bytes"] += nbytes
+                o["host_ns"] += n.h.ts - n.enter_ns
+                info = self.comms.get(n.comm) or CommInfo(n.comm, -1, -1, "handle")
+                cm = comms.setdefault(
+                    info.key,
+                    {
+                        "nranks": info.nranks,
+                        "rank": info.rank,
+                        "identity": info.source,
+                        "ops": 0,
+                        "first_seq": n.seq,
+                        "last_seq": n.seq,
+                    },
+                )
+                cm["ops"] += 1
+                if op not in ("Send", "Recv"):
+                    cm["first_seq"] = min(cm["first_seq"], n.seq)
+                    cm["last_seq"] = max(cm["last_seq"], n.seq)
+                arrival = [info.key, n.seq, op, nbytes, n.enter_ns]
+                if op in ("Send", "Recv", "Broadcast", "Reduce"):
+                    arrival.append(n.peer)
+                if n.flags & NCCL_F_IN_GROUP:
+                    arrival.append("g")
+                arrivals.append(arrival)
+        calls: Counter = Counter()
+        inits = []
+        for d in data:
+            for call, c in d.calls.items():
+                calls[call_name(call)] += c
+            for r in d.inits:
+                inits.append(
+                    {
+                        "call": call_name(r.h.call),
+                        "result": r.result,
+                        "nranks": r.nranks,
+                        "rank": r.rank,
+                        "comm": self.comms[r.comm].key if r.comm in self.comms else None,
+                    }
+                )
+        return {
+            "ops": ops,
+            "comms": comms,
+            "arrivals": arrivals,
+            "groups": groups,
+            "errors": errors,
+            "calls": dict(calls),
+            "inits": inits,
+        }

@@ -1,0 +1,1 @@
+"""Probe targets: one module per library (libcuda, libnccl), each with declarative uprobe specs."""

@@ -1,0 +1,140 @@
+"""Declarative uprobe specs, the table of probed calls, and finding libraries in a process.
+
+Each probe target module (libcuda, libnccl, ...) exports its specs as frozen data and a
+`detect(pid)` returning the mapped library or None. Call ids are assigned here, once, and handed
+to the BPF programs as -D flags, so C and Python never disagree on what call 7 is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+from argus.errors import NoSuchProcess, PermissionDenied
+from argus.probes.elf import Elf, ElfError
+from argus.probes.prologue import EntryPlan, plan_entry
+
+
+@dataclass(frozen=True)
+class UprobeSpec:
+    symbol: str
+    entry: bool = True  # attach <symbol>_entry
+    ret: bool = True  # attach <symbol>_return
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Channel:
+    """A probe target: which library, which calls, which BPF source."""
+
+    name: str  # "cuda", "nccl"
+    library_re: str  # matched against the basename of mapped files
+    source: str  # bpf/<source>
+    specs: Tuple[UprobeSpec, ...]
+    macro: str  # -D switch that includes the channel
+
+    def spec(self, symbol: str) -> UprobeSpec:
+        return next(s for s in self.specs if s.symbol == symbol)
+
+
+@dataclass
+class MappedLibrary:
+    path: str  # as the process sees it (may be under /proc/PID/root for containers)
+    host_path: str  # openable from the agent
+    inode: Tuple[int, int]
+
+
+@dataclass
+class ResolvedProbe:
+    spec: UprobeSpec
+    offset: int  # file offset of the symbol
+    plan: EntryPlan
+
+
+@dataclass
+class LibraryProbes:
+    channel: Channel
+    library: MappedLibrary
+    probes: List[ResolvedProbe] = field(default_factory=list)
+    missing_optional: List[str] = field(default_factory=list)
+    missing_required: List[str] = field(default_factory=list)
+    elf: Optional[Elf] = None
+
+
+# Every call any channel probes, in a fixed order: the index is the call id in records and maps.
+ALL_CALLS: List[str] = []
+
+
+def register_calls(names: Sequence[str]) -> None:
+    for n in names:
+        if n not in ALL_CALLS:
+            ALL_CALLS.append(n)
+
+
+def call_id(name: str) -> int:
+    return ALL_CALLS.index(name) + 1
+
+
+def call_name(cid: int) -> str:
+    return ALL_CALLS[cid - 1] if 0 < cid <= len(ALL_CALLS) else f"call#{cid}"
+
+
+def call_cflags() -> List[str]:
+    return [f"-DCALL_{n}={i + 1}" for i, n in enumerate(ALL_CALLS)]
+
+
+def _maps(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/maps").read_text()
+    except FileNotFoundError:
+        raise NoSuchProcess(
+            f"no process with pid {pid}", "check the pid: ps -eo pid,cmd | grep train"
+        ) from None
+    except PermissionError:
+        raise PermissionDenied(
+            f"cannot read /proc/{pid}/maps", "run as root: sudo argus probe -p PID"
+        ) from None
+
+
+def find_library(pid: int, pattern: str) -> Optional[MappedLibrary]:
+    """The first mapped file of `pid` whose basename matches `pattern` (regex, full match)."""
+    rx = re.compile(pattern)
+    for line in _maps(pid).splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/"):
+            continue
+        path = parts[5].strip()
+        if path.endswith(" (deleted)") or not rx.fullmatch(os.path.basename(path)):
+            continue
+        # the process may live in another mount namespace: open through its root
+        host = f"/proc/{pid}/root{path}"
+        if not os.path.exists(host):
+            host = path
+        try:
+            st = os.stat(host)
+        except OSError:
+            continue
+        return MappedLibrary(path, os.path.realpath(host), (st.st_dev, st.st_ino))
+    return None
+
+
+def resolve(channel: Channel, lib: MappedLibrary) -> LibraryProbes:
+    """Find each spec's symbol and choose its attach point; classify what is missing."""
+    out = LibraryProbes(channel, lib)
+    try:
+        elf = Elf(lib.host_path)
+    except (OSError, ElfError) as e:
+        out.missing_required = [f"(unreadable: {e})"]
+        return out
+    out.elf = elf
+    for spec in channel.specs:
+        sym = elf.symbols.get(spec.symbol)
+        if sym is None:
+            (out.missing_required if spec.required else out.missing_optional).append(spec.symbol)
+            continue
+        code = elf.read(sym.offset, 48)
+        out.probes.append(ResolvedProbe(spec, sym.offset, plan_entry(code, lib.host_path, sym.vaddr)))
+    return out

@@ -1,0 +1,66 @@
+"""libcuda.so.1 (the CUDA driver API): what the CUDA channel probes.
+
+Frameworks reach the driver through libcudart, so probing libcuda sees every launch, copy,
+sync and event regardless of the runtime version. Source: bpf/cuda.bpf.c.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from argus.probes.base import Channel, MappedLibrary, UprobeSpec, find_library, register_calls
+
+S = UprobeSpec
+SPECS = (
+    S("cuLaunchKernel", required=True),
+    S("cuLaunchKernelEx"),
+    S("cuStreamSynchronize", required=True),
+    S("cuEventSynchronize"),
+    S("cuCtxSynchronize"),
+    S("cuMemcpyHtoD_v2"),
+    S("cuMemcpyDtoH_v2"),
+    S("cuMemcpyDtoD_v2"),
+    S("cuMemsetD8_v2"),
+    S("cuMemsetD32_v2"),
+    S("cuMemcpyHtoDAsync_v2"),
+    S("cuMemcpyDtoHAsync_v2"),
+    S("cuMemcpyDtoDAsync_v2"),
+    S("cuMemsetD8Async"),
+    S("cuMemAlloc_v2"),
+    S("cuMemFree_v2"),
+    S("cuEventRecord"),
+    S("cuEventElapsedTime"),
+    S("cuModuleGetFunction"),
+    S("cuInit", entry=False),
+    S("cuCtxSetCurrent", entry=False),
+    S("cuModuleLoadData", entry=False),
+    S("cuStreamCreate", entry=False),
+    S("cuStreamQuery", entry=False),
+    S("cuStreamWaitEvent", entry=False),
+    S("cuEventCreate", entry=False),
+    S("cuEventQuery", entry=False),
+)
+# calls probed at entry only (none: every CUDA call's result is checked)
+ENTRY_ONLY: frozenset = frozenset()
+
+CHANNEL = Channel(
+    name="cuda", library_re=r"libcuda\.so(\.\d+)*", source="cuda.bpf.c", specs=SPECS, macro="ARGUS_CUDA"
+)
+register_calls([s.symbol for s in SPECS])
+
+SYNC_CALLS = (
+    "cuStreamSynchronize",
+    "cuEventSynchronize",
+    "cuCtxSynchronize",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyDtoD_v2",
+    "cuMemsetD8_v2",
+    "cuMemsetD32_v2",
+)
+MEM_KINDS = ("HtoD", "DtoH", "DtoD", "memset", "alloc", "free", "free_unknown")
+
+
+def detect(pid: int) -> Optional[MappedLibrary]:
+    """libcuda.so.1 as mapped by `pid`, or None when the process does not use the driver API."""
+    return find_library(pid, CHANNEL.library_re)

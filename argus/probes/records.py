@@ -1,0 +1,205 @@
+"""Python mirrors of bpf/records.h and decoding of ring-buffer records.
+
+Field order, widths and padding must match the C structs exactly; tests/test_layout.py compares
+every mirror with the layout bcc compiled.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from ctypes import c_char, c_int32, c_int64, c_uint8, c_uint16, c_uint32, c_uint64
+from typing import Dict, Type, Union
+
+REC_SYNC = 1
+REC_FUNC_NAME = 2
+REC_EVENT_RECORD = 3
+REC_ELAPSED = 4
+REC_NCCL = 5
+REC_COMM_INIT = 6
+
+DROP_RINGBUF, DROP_AGG, DROP_SCRATCH = 0, 1, 2
+DROP_NAMES = {DROP_RINGBUF: "ringbuf", DROP_AGG: "aggregation map full", DROP_SCRATCH: "scratch map full"}
+NCCL_F_IN_GROUP = 1
+NCCL_F_SEQ_FROM_COMM = 2
+
+
+class S(ctypes.Structure):
+    def as_dict(self) -> Dict[str, object]:
+        out: Dict[str, object] = {}
+        for name, _t in self._fields_:  # type: ignore[misc]
+            v = getattr(self, name)
+            out[name] = v.as_dict() if isinstance(v, S) else v
+        return out
+
+
+class TargetCfg(S):
+    _fields_ = [
+        ("rank", c_uint32),
+        ("flags", c_uint32),
+        ("off_coll_opcount", c_uint32),
+        ("off_comm_hash", c_uint32),
+        ("off_comm_rank", c_uint32),
+        ("off_comm_nranks", c_uint32),
+    ]
+
+
+class RecHdr(S):
+    _fields_ = [
+        ("kind", c_uint32),
+        ("tgid", c_uint32),
+        ("tid", c_uint32),
+        ("call", c_uint32),
+        ("ts", c_uint64),
+        ("epoch", c_uint64),
+    ]
+
+
+class RecSync(S):
+    _fields_ = [
+        ("h", RecHdr),
+        ("enter_ns", c_uint64),
+        ("handle", c_uint64),
+        ("result", c_int32),
+        ("bytes_kind", c_uint32),
+        ("bytes", c_uint64),
+    ]
+
+
+class RecFuncName(S):
+    _fields_ = [
+        ("h", RecHdr),
+        ("func", c_uint64),
+        ("result", c_int32),
+        ("pad", c_uint32),
+        ("name", c_char * 128),
+    ]
+
+
+class RecEventRecord(S):
+    _fields_ = [("h", RecHdr), ("event", c_uint64), ("stream", c_uint64)]
+
+
+class RecElapsed(S):
+    _fields_ = [
+        ("h", RecHdr),
+        ("start_ev", c_uint64),
+        ("end_ev", c_uint64),
+        ("ms_bits", c_uint32),
+        ("result", c_int32),
+    ]
+
+
+class RecNccl(S):
+    _fields_ = [
+        ("h", RecHdr),
+        ("comm", c_uint64),
+        ("seq", c_uint64),
+        ("count", c_uint64),
+        ("stream", c_uint64),
+        ("enter_ns", c_uint64),
+        ("dtype", c_uint32),
+        ("peer", c_int32),
+        ("redop", c_uint32),
+        ("result", c_int32),
+        ("flags", c_uint32),
+        ("pad", c_uint32),
+    ]
+
+
+class RecCommInit(S):
+    _fields_ = [
+        ("h", RecHdr),
+        ("comm", c_uint64),
+        ("parent", c_uint64),
+        ("comm_hash", c_uint64),
+        ("nranks", c_int32),
+        ("rank", c_int32),
+        ("color", c_int32),
+        ("key", c_int32),
+        ("result", c_int32),
+        ("comm_rank", c_int32),
+        ("comm_nranks", c_int32),
+        ("has_uid", c_uint32),
+        ("uid", c_uint8 * 128),
+    ]
+
+
+class LaunchKey(S):
+    _fields_ = [("tgid", c_uint32), ("pad", c_uint32), ("epoch", c_uint64), ("func", c_uint64)]
+
+
+class HistKey(S):
+    _fields_ = [("tgid", c_uint32), ("kind", c_uint16), ("slot", c_uint16), ("epoch", c_uint64)]
+
+
+class MemKey(S):
+    _fields_ = [("tgid", c_uint32), ("kind", c_uint32), ("epoch", c_uint64)]
+
+
+class MemVal(S):
+    _fields_ = [("count", c_uint64), ("bytes", c_uint64)]
+
+
+class ErrKey(S):
+    _fields_ = [("tgid", c_uint32), ("call", c_uint32), ("epoch", c_uint64), ("result", c_int64)]
+
+
+class CallKey(S):
+    _fields_ = [("tgid", c_uint32), ("call", c_uint32), ("epoch", c_uint64)]
+
+
+class Inflight(S):
+    _fields_ = [
+        ("tgid", c_uint32),
+        ("call", c_uint32),
+        ("enter_ns", c_uint64),
+        ("handle", c_uint64),
+        ("seq", c_uint64),
+    ]
+
+
+# C struct name -> mirror, for the layout test
+MIRRORS: Dict[str, Type[S]] = {
+    "target_cfg": TargetCfg,
+    "rec_hdr": RecHdr,
+    "rec_sync": RecSync,
+    "rec_func_name": RecFuncName,
+    "rec_event_record": RecEventRecord,
+    "rec_elapsed": RecElapsed,
+    "rec_nccl": RecNccl,
+    "rec_comm_init": RecCommInit,
+    "launch_key": LaunchKey,
+    "hist_key": HistKey,
+    "mem_key": MemKey,
+    "mem_val": MemVal,
+    "err_key": ErrKey,
+    "call_key": CallKey,
+    "inflight": Inflight,
+}
+
+_BY_KIND: Dict[int, Type[S]] = {
+    REC_SYNC: RecSync,
+    REC_FUNC_NAME: RecFuncName,
+    REC_EVENT_RECORD: RecEventRecord,
+    REC_ELAPSED: RecElapsed,
+    REC_NCCL: RecNccl,
+    REC_COMM_INIT: RecCommInit,
+}
+Record = Union[RecSync, RecFuncName, RecEventRecord, RecElapsed, RecNccl, RecCommInit]
+
+
+class DecodeError(ValueError):
+    pass
+
+
+def decode(data: bytes) -> Record:
+    """A ring-buffer record as its mirror struct (a copy: the ring memory is reused)."""
+    if len(data) < ctypes.sizeof(RecHdr):
+        raise DecodeError(f"short record ({len(data)} bytes)")
+    kind = int.from_bytes(data[:4], "little")
+    cls = _BY_KIND.get(kind)
+    if cls is None:
+        raise DecodeError(f"unknown record kind {kind}")
+    if len(data) < ctypes.sizeof(cls):
+        raise DecodeError(f"record kind {kind} has {len(data)} bytes, expected {ctypes.sizeof(cls)}")
+    return cls.from_buffer_copy(data[: ctypes.sizeof(cls)])  # type: ignore[return-value]

@@ -1,0 +1,147 @@
+/* Shared by every Argus BPF channel: record layouts, maps, and helpers.
+ *
+ * Design: high-rate events (kernel launches, memcpy, errors) are aggregated in hash maps keyed
+ * by (tgid, epoch, ...). An epoch ends whenever a host-blocking synchronisation returns; user
+ * space cuts steps at a subset of those syncs, so per-step sums are exact without shipping
+ * events. Low-rate events (syncs, collectives, communicator creation, event timings, kernel
+ * names) go through one ring buffer, never woken per event.
+ *
+ * Every struct here has a Python mirror in argus/probes/records.py; a test checks the layouts.
+ * CALL_* ids come from the Python probe table as -D flags (one source for call names).
+ */
+#ifndef ARGUS_H
+#define ARGUS_H
+
+#include <uapi/linux/ptrace.h>
+
+#ifndef ARGUS_RINGBUF_PAGES
+#define ARGUS_RINGBUF_PAGES 256
+#endif
+#ifndef ARGUS_MAX_TARGETS
+#define ARGUS_MAX_TARGETS 1024
+#endif
+#ifndef ARGUS_AGG_ENTRIES
+#define ARGUS_AGG_ENTRIES 65536
+#endif
+
+#include "records.h"
+
+BPF_HASH(targets, u32, struct target_cfg, ARGUS_MAX_TARGETS);
+BPF_HASH(epochs, u32, u64, ARGUS_MAX_TARGETS);
+BPF_HASH(launches, struct launch_key, u64, ARGUS_AGG_ENTRIES);
+BPF_HASH(hists, struct hist_key, u64, ARGUS_AGG_ENTRIES);
+BPF_HASH(mem, struct mem_key, struct mem_val, 4096);
+BPF_HASH(errors, struct err_key, u64, 4096);
+BPF_HASH(call_counts, struct call_key, u64, 4096);
+BPF_HASH(inflight_calls, u64, struct inflight, 16384);
+BPF_HASH(scratches, u64, struct scratch, 16384);
+BPF_ARRAY(drops, u64, DROP_SLOTS);
+BPF_RINGBUF_OUTPUT(records, ARGUS_RINGBUF_PAGES);
+
+static __always_inline u32 cur_tgid(void) { return bpf_get_current_pid_tgid() >> 32; }
+static __always_inline u32 cur_tid(void) { return (u32)bpf_get_current_pid_tgid(); }
+
+static __always_inline struct target_cfg *target(void) {
+    u32 tgid = cur_tgid();
+    return targets.lookup(&tgid);
+}
+
+static __always_inline u64 cur_epoch(u32 tgid) {
+    u64 *e = epochs.lookup(&tgid);
+    return e ? *e : 0;
+}
+
+static __always_inline void drop(u32 slot) {
+    u64 *d = drops.lookup(&slot);
+    if (d) __sync_fetch_and_add(d, 1);
+}
+
+static __always_inline u64 scratch_key(u32 cls) { return ((u64)cur_tid() << 1) | cls; }
+
+/* The n-th integer argument, 1-based, System V x86-64: six in registers, then the stack. At a
+ * function's entry (or past instructions that leave rsp alone) the stack holds the return address
+ * at sp, so argument 7 is at sp + 8. */
+static __always_inline u64 arg_n(struct pt_regs *ctx, int n) {
+    switch (n) {
+    case 1: return PT_REGS_PARM1(ctx);
+    case 2: return PT_REGS_PARM2(ctx);
+    case 3: return PT_REGS_PARM3(ctx);
+    case 4: return PT_REGS_PARM4(ctx);
+    case 5: return PT_REGS_PARM5(ctx);
+    case 6: return PT_REGS_PARM6(ctx);
+    }
+    u64 v = 0;
+    bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8 * (n - 6)));
+    return v;
+}
+
+static __always_inline void fill_hdr(struct rec_hdr *h, u32 kind, u32 call, u64 epoch) {
+    u64 id = bpf_get_current_pid_tgid();
+    h->kind = kind;
+    h->tgid = id >> 32;
+    h->tid = (u32)id;
+    h->call = call;
+    h->ts = bpf_ktime_get_ns();
+    h->epoch = epoch;
+}
+
+static __always_inline void count_error(u32 tgid, u32 call, s64 result) {
+    if (result == 0) return;
+    struct err_key k = {.tgid = tgid, .call = call, .epoch = cur_epoch(tgid), .result = result};
+    u64 zero = 0, *v = errors.lookup_or_try_init(&k, &zero);
+    if (v) __sync_fetch_and_add(v, 1);
+    else drop(DROP_AGG);
+}
+
+static __always_inline void count_call(u32 tgid, u32 call, u64 epoch) {
+    struct call_key k = {.tgid = tgid, .call = call, .epoch = epoch};
+    u64 zero = 0, *v = call_counts.lookup_or_try_init(&k, &zero);
+    if (v) __sync_fetch_and_add(v, 1);
+    else drop(DROP_AGG);
+}
+
+static __always_inline void save_scratch(u32 cls, struct scratch *s) {
+    u64 k = scratch_key(cls);
+    if (scratches.update(&k, s) != 0) drop(DROP_SCRATCH);
+}
+
+static __always_inline int load_scratch(u32 cls, struct scratch *out) {
+    u64 k = scratch_key(cls);
+    struct scratch *s = scratches.lookup(&k);
+    if (!s) return -1;
+    __builtin_memcpy(out, s, sizeof(*out));
+    scratches.delete(&k);
+    return 0;
+}
+
+static __always_inline void inflight_enter(u32 cls, u32 call, u64 enter_ns, u64 handle, u64 seq) {
+    u64 k = scratch_key(cls);
+    struct inflight f = {.tgid = cur_tgid(), .call = call, .enter_ns = enter_ns, .handle = handle, .seq = seq};
+    inflight_calls.update(&k, &f);
+}
+
+static __always_inline void inflight_exit(u32 cls) {
+    u64 k = scratch_key(cls);
+    inflight_calls.delete(&k);
+}
+
+static __always_inline u32 log2_u64(u64 v) {
+    u32 r = 0;
+#pragma unroll
+    for (int i = 32; i > 0; i >>= 1) {
+        if (v >= (1ULL << i)) {
+            v >>= i;
+            r += i;
+        }
+    }
+    return r;
+}
+
+static __always_inline void hist_add(u32 tgid, u16 kind, u64 epoch, u64 value) {
+    struct hist_key k = {.tgid = tgid, .kind = kind, .slot = (u16)log2_u64(value), .epoch = epoch};
+    u64 zero = 0, *v = hists.lookup_or_try_init(&k, &zero);
+    if (v) __sync_fetch_and_add(v, 1);
+    else drop(DROP_AGG);
+}
+
+#endif

@@ -1,0 +1,282 @@
+/* CUDA driver channel (libcuda.so.1).
+ *
+ * Kernel launches: a per-(tgid, epoch, CUfunction) counter at entry, and with
+ * ARGUS_LAUNCH_LATENCY a log2 histogram of the launch call's host time at return.
+ * Host-blocking syncs (stream, event, context, synchronous copies and memsets): a record per
+ * call with enter/exit, and the epoch of the process advances at return.
+ * cuEventRecord (event -> stream) and cuEventElapsedTime (the milliseconds the caller got) are
+ * records, so GPU timings the framework measures itself are harvested for free.
+ * Copies, allocations and frees: bytes per epoch. Every non-zero CUresult: counted per call.
+ */
+
+#define CU_SUCCESS 0
+
+/* ---- kernel launches ---------------------------------------------------------------------- */
+
+BPF_HASH(launch_enter, u32, u64, 16384); /* tid -> entry time */
+
+static __always_inline int launch_enter_common(u64 func) {
+    u32 tgid = cur_tgid();
+    if (!targets.lookup(&tgid)) return 0;
+    struct launch_key k = {.tgid = tgid, .epoch = cur_epoch(tgid), .func = func};
+    u64 zero = 0, *v = launches.lookup_or_try_init(&k, &zero);
+    if (v) __sync_fetch_and_add(v, 1);
+    else drop(DROP_AGG);
+#ifdef ARGUS_LAUNCH_LATENCY
+    u32 tid = cur_tid();
+    u64 now = bpf_ktime_get_ns();
+    launch_enter.update(&tid, &now);
+#endif
+    return 0;
+}
+
+static __always_inline int launch_return_common(struct pt_regs *ctx, u32 call) {
+    u32 tgid = cur_tgid();
+    if (!targets.lookup(&tgid)) return 0;
+    s64 rc = (s32)PT_REGS_RC(ctx);
+    count_error(tgid, call, rc);
+#ifdef ARGUS_LAUNCH_LATENCY
+    u32 tid = cur_tid();
+    u64 *t0 = launch_enter.lookup(&tid);
+    if (t0) hist_add(tgid, HIST_LAUNCH_NS, cur_epoch(tgid), bpf_ktime_get_ns() - *t0);
+#endif
+    return 0;
+}
+
+int cuLaunchKernel_entry(struct pt_regs *ctx) { return launch_enter_common(PT_REGS_PARM1(ctx)); }
+int cuLaunchKernel_return(struct pt_regs *ctx) { return launch_return_common(ctx, CALL_cuLaunchKernel); }
+
+/* cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, ...) */
+int cuLaunchKernelEx_entry(struct pt_regs *ctx) { return launch_enter_common(PT_REGS_PARM2(ctx)); }
+int cuLaunchKernelEx_return(struct pt_regs *ctx) { return launch_return_common(ctx, CALL_cuLaunchKernelEx); }
+
+/* ---- host-blocking synchronisation ------------------------------------------------------------ */
+
+static __always_inline int sync_enter(u32 call, u64 handle, u32 bytes_kind, u64 bytes) {
+    if (!target()) return 0;
+    struct scratch s = {.enter_ns = bpf_ktime_get_ns()};
+    s.a[0] = handle;
+    s.a[1] = bytes_kind;
+    s.a[2] = bytes;
+    save_scratch(CLASS_CUDA, &s);
+    inflight_enter(CLASS_CUDA, call, s.enter_ns, handle, 0);
+    return 0;
+}
+
+static __always_inline int sync_exit(struct pt_regs *ctx, u32 call) {
+    u32 tgid = cur_tgid();
+    if (!targets.lookup(&tgid)) return 0;
+    struct scratch s;
+    if (load_scratch(CLASS_CUDA, &s) != 0) return 0; /* entered before we attached */
+    inflight_exit(CLASS_CUDA);
+    s64 rc = (s32)PT_REGS_RC(ctx);
+    u64 epoch = 0, *e = epochs.lookup(&tgid);
+    if (e) epoch = __sync_fetch_and_add(e, 1);
+    count_error(tgid, call, rc);
+    if (s.a[1] != ~0u && rc == CU_SUCCESS) {
+        struct mem_key mk = {.tgid = tgid, .kind = (u32)s.a[1], .epoch = epoch};
+        struct mem_val zero = {}, *mv = mem.lookup_or_try_init(&mk, &zero);
+        if (mv) {
+            __sync_fetch_and_add(&mv->count, 1);
+            __sync_fetch_and_add(&mv->bytes, s.a[2]);
+        }
+    }
+    struct rec_sync *r = records.ringbuf_reserve(sizeof(struct rec_sync));
+    if (!r) {
+        drop(DROP_RINGBUF);
+        return 0;
+    }
+    fill_hdr(&r->h, REC_SYNC, call, epoch);
+    r->enter_ns = s.enter_ns;
+    r->handle = s.a[0];
+    r->result = (s32)rc;
+    r->bytes_kind = (u32)s.a[1];
+    r->bytes = s.a[2];
+    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    return 0;
+}
+
+#define SYNC_PROBE(name, handle, kind, bytes)                                                    \
+    int name##_entry(struct pt_regs *ctx) { return sync_enter(CALL_##name, handle, kind, bytes); } \
+    int name##_return(struct pt_regs *ctx) { return sync_exit(ctx, CALL_##name); }
+
+SYNC_PROBE(cuStreamSynchronize, PT_REGS_PARM1(ctx), ~0u, 0)
+SYNC_PROBE(cuEventSynchronize, PT_REGS_PARM1(ctx), ~0u, 0)
+SYNC_PROBE(cuCtxSynchronize, 0, ~0u, 0)
+SYNC_PROBE(cuMemcpyHtoD_v2, 0, MEM_HTOD, PT_REGS_PARM3(ctx))
+SYNC_PROBE(cuMemcpyDtoH_v2, 0, MEM_DTOH, PT_REGS_PARM3(ctx))
+SYNC_PROBE(cuMemcpyDtoD_v2, 0, MEM_DTOD, PT_REGS_PARM3(ctx))
+SYNC_PROBE(cuMemsetD8_v2, 0, MEM_SET, PT_REGS_PARM3(ctx))
+SYNC_PROBE(cuMemsetD32_v2, 0, MEM_SET, PT_REGS_PARM3(ctx) * 4)
+
+/* ---- asynchronous copies: bytes at entry, errors at return ------------------------------------ */
+
+static __always_inline int mem_add(u32 kind, u64 bytes) {
+    u32 tgid = cur_tgid();
+    if (!targets.lookup(&tgid)) return 0;
+    struct mem_key k = {.tgid = tgid, .kind = kind, .epoch = cur_epoch(tgid)};
+    struct mem_val zero = {}, *v = mem.lookup_or_try_init(&k, &zero);
+    if (v) {
+        __sync_fetch_and_add(&v->count, 1);
+        __sync_fetch_and_add(&v->bytes, bytes);
+    } else {
+        drop(DROP_AGG);
+    }
+    return 0;
+}
+
+static __always_inline int result_only(struct pt_regs *ctx, u32 call) {
+    u32 tgid = cur_tgid();
+    if (!targets.lookup(&tgid)) return 0;
+    count_error(tgid, call, (s32)PT_REGS_RC(ctx));
+    return 0;
+}
+
+#define RESULT_PROBE(name) \
+    int name##_return(struct pt_regs *ctx) { return result_only(ctx, CALL_##name); }
+#define COPY_PROBE(name, kind, bytes)                                               \
+    int name##_entry(struct pt_regs *ctx) { return mem_add(kind, bytes); } \
+    RESULT_PROBE(name)
+
+COPY_PROBE(cuMemcpyHtoDAsync_v2, MEM_HTOD, PT_REGS_PARM3(ctx))
+COPY_PROBE(cuMemcpyDtoHAsync_v2, MEM_DTOH, PT_REGS_PARM3(ctx))
+COPY_PROBE(cuMemcpyDtoDAsync_v2, MEM_DTOD, PT_REGS_PARM3(ctx))
+COPY_PROBE(cuMemsetD8Async, MEM_SET, PT_REGS_PARM3(ctx))
+
+RESULT_PROBE(cuInit)
+RESULT_PROBE(cuCtxSetCurrent)
+RESULT_PROBE(cuModuleLoadData)
+RESULT_PROBE(cuStreamCreate)
+RESULT_PROBE(cuStreamQuery)
+RESULT_PROBE(cuStreamWaitEvent)
+RESULT_PROBE(cuEventCreate)
+RESULT_PROBE(cuEventQuery)
+
+/* ---- allocations: sizes remembered by pointer so frees count bytes ----------------------------- */
+
+struct alloc_key {
+    u32 tgid;
+    u32 pad;
+    u64 ptr;
+};
+BPF_HASH(allocs, struct alloc_key, u64, ARGUS_AGG_ENTRIES);
+
+int cuMemAlloc_v2_entry(struct pt_regs *ctx) {
+    if (!target()) return 0;
+    struct scratch s = {.enter_ns = bpf_ktime_get_ns()};
+    s.a[0] = PT_REGS_PARM1(ctx);
+    s.a[1] = PT_REGS_PARM2(ctx);
+    save_scratch(CLASS_CUDA, &s);
+    return 0;
+}
+
+int cuMemAlloc_v2_return(struct pt_regs *ctx) {
+    u32 tgid = cur_tgid();
+    if (!targets.lookup(&tgid)) return 0;
+    struct scratch s;
+    if (load_scratch(CLASS_CUDA, &s) != 0) return 0;
+    s64 rc = (s32)PT_REGS_RC(ctx);
+    count_error(tgid, CALL_cuMemAlloc_v2, rc);
+    if (rc != CU_SUCCESS) return 0;
+    struct alloc_key k = {.tgid = tgid};
+    bpf_probe_read_user(&k.ptr, sizeof(k.ptr), (void *)s.a[0]);
+    u64 size = s.a[1];
+    allocs.update(&k, &size);
+    return mem_add(MEM_ALLOC, size);
+}
+
+int cuMemFree_v2_entry(struct pt_regs *ctx) {
+    u32 tgid = cur_tgid();
+    if (!targets.lookup(&tgid)) return 0;
+    struct alloc_key k = {.tgid = tgid, .ptr = PT_REGS_PARM1(ctx)};
+    u64 *size = allocs.lookup(&k);
+    if (!size) return mem_add(MEM_FREE_UNKNOWN, 0); /* allocated before we attached */
+    u64 bytes = *size;
+    allocs.delete(&k);
+    return mem_add(MEM_FREE, bytes);
+}
+RESULT_PROBE(cuMemFree_v2)
+
+/* ---- events: which stream an event marks, and the timings the framework reads ------------------- */
+
+int cuEventRecord_entry(struct pt_regs *ctx) {
+    u32 tgid = cur_tgid();
+    if (!targets.lookup(&tgid)) return 0;
+    struct rec_event_record *r = records.ringbuf_reserve(sizeof(struct rec_event_record));
+    if (!r) {
+        drop(DROP_RINGBUF);
+        return 0;
+    }
+    fill_hdr(&r->h, REC_EVENT_RECORD, CALL_cuEventRecord, cur_epoch(tgid));
+    r->event = PT_REGS_PARM1(ctx);
+    r->stream = PT_REGS_PARM2(ctx);
+    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    return 0;
+}
+RESULT_PROBE(cuEventRecord)
+
+/* cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd) */
+int cuEventElapsedTime_entry(struct pt_regs *ctx) {
+    if (!target()) return 0;
+    struct scratch s = {.enter_ns = bpf_ktime_get_ns()};
+    s.a[0] = PT_REGS_PARM1(ctx);
+    s.a[1] = PT_REGS_PARM2(ctx);
+    s.a[2] = PT_REGS_PARM3(ctx);
+    save_scratch(CLASS_CUDA, &s);
+    return 0;
+}
+
+int cuEventElapsedTime_return(struct pt_regs *ctx) {
+    u32 tgid = cur_tgid();
+    if (!targets.lookup(&tgid)) return 0;
+    struct scratch s;
+    if (load_scratch(CLASS_CUDA, &s) != 0) return 0;
+    s64 rc = (s32)PT_REGS_RC(ctx);
+    count_error(tgid, CALL_cuEventElapsedTime, rc);
+    struct rec_elapsed *r = records.ringbuf_reserve(sizeof(struct rec_elapsed));
+    if (!r) {
+        drop(DROP_RINGBUF);
+        return 0;
+    }
+    fill_hdr(&r->h, REC_ELAPSED, CALL_cuEventElapsedTime, cur_epoch(tgid));
+    r->start_ev = s.a[1];
+    r->end_ev = s.a[2];
+    r->result = (s32)rc;
+    r->ms_bits = 0;
+    if (rc == CU_SUCCESS) bpf_probe_read_user(&r->ms_bits, sizeof(r->ms_bits), (void *)s.a[0]);
+    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    return 0;
+}
+
+/* ---- kernel names: cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) ------ */
+
+int cuModuleGetFunction_entry(struct pt_regs *ctx) {
+    if (!target()) return 0;
+    struct scratch s = {.enter_ns = bpf_ktime_get_ns()};
+    s.a[0] = PT_REGS_PARM1(ctx);
+    s.a[1] = PT_REGS_PARM3(ctx);
+    save_scratch(CLASS_CUDA, &s);
+    return 0;
+}
+
+int cuModuleGetFunction_return(struct pt_regs *ctx) {
+    u32 tgid = cur_tgid();
+    if (!targets.lookup(&tgid)) return 0;
+    struct scratch s;
+    if (load_scratch(CLASS_CUDA, &s) != 0) return 0;
+    s64 rc = (s32)PT_REGS_RC(ctx);
+    count_error(tgid, CALL_cuModuleGetFunction, rc);
+    struct rec_func_name *r = records.ringbuf_reserve(sizeof(struct rec_func_name));
+    if (!r) {
+        drop(DROP_RINGBUF);
+        return 0;
+    }
+    fill_hdr(&r->h, REC_FUNC_NAME, CALL_cuModuleGetFunction, cur_epoch(tgid));
+    r->result = (s32)rc;
+    r->pad = 0;
+    r->func = 0;
+    if (rc == CU_SUCCESS) bpf_probe_read_user(&r->func, sizeof(r->func), (void *)s.a[0]);
+    bpf_probe_read_user_str(r->name, sizeof(r->name), (void *)s.a[1]);
+    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    return 0;
+}
