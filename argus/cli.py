@@ -6,7 +6,9 @@ never import bcc.
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 from typing import Optional, Sequence
 
 import click
@@ -56,6 +58,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         rv = cli.main(args=list(argv) if argv is not None else None, prog_name="argus", standalone_mode=False)
     except ArgusError as e:
+        if os.environ.get("ARGUS_DEBUG"):  # for developers: where did it come from?
+            traceback.print_exc()
         click.echo(f"ERROR: {e.message}", err=True)
         if e.hint:
             click.echo(f"HINT: {e.hint}", err=True)

@@ -16,7 +16,7 @@ from argus.agent import bpfprog, identity
 from argus.agent import session as sess
 from argus.agent.render import RankView, render
 from argus.errors import ArgusError, NoSuchProcess, UsageError
-from argus.probes import libcuda, libnccl
+from argus.probes import libcuda, libcudart, libnccl
 from argus.probes.base import Channel
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -43,7 +43,7 @@ class DurationType(click.ParamType):
 
 
 def find_candidates(match: Optional[str]) -> List[int]:
-    """Processes that map libcuda or libnccl (and whose command line matches `match`)."""
+    """Processes that map libcuda, libcudart or libnccl (and whose command line matches `match`)."""
     rx = re.compile(match) if match else None
     me = os.getpid()
     out = []
@@ -55,7 +55,8 @@ def find_candidates(match: Optional[str]) -> List[int]:
             cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if ("libcuda.so" in maps or "libnccl.so" in maps) and (rx is None or rx.search(cmd)):
+        mapped = any(lib in maps for lib in ("libcuda.so", "libcudart.so", "libnccl.so"))
+        if mapped and (rx is None or rx.search(cmd)):
             out.append(int(d))
     return sorted(out)
 
@@ -114,6 +115,7 @@ def find_candidates(match: Optional[str]) -> List[int]:
     help="End a step at every call of this native function instead of detecting steps.",
 )
 @click.option("--no-cuda", is_flag=True, help="Skip the CUDA channel (libcuda).")
+@click.option("--no-cudart", is_flag=True, help="Skip the CUDA runtime channel (libcudart).")
 @click.option("--no-nccl", is_flag=True, help="Skip the NCCL channel (libnccl).")
 @click.option(
     "--launch-latency/--no-launch-latency",
@@ -142,6 +144,7 @@ def probe_cmd(
     host: Optional[str],
     step_fn: Optional[str],
     no_cuda: bool,
+    no_cudart: bool,
     no_nccl: bool,
     launch_latency: bool,
     ringbuf_pages: int,
@@ -159,9 +162,10 @@ def probe_cmd(
       sudo argus probe --all --match train.py      # every rank on this host
       argus probe --ebpf                           # show the BPF program, no root
     """
-    channels = [c for c, off in ((libcuda.CHANNEL, no_cuda), (libnccl.CHANNEL, no_nccl)) if not off]
+    chosen = ((libcuda.CHANNEL, no_cuda), (libcudart.CHANNEL, no_cudart), (libnccl.CHANNEL, no_nccl))
+    channels = [c for c, off in chosen if not off]
     if not channels:
-        raise UsageError("--no-cuda and --no-nccl leave nothing to probe")
+        raise UsageError("--no-cuda, --no-cudart and --no-nccl leave nothing to probe", "drop one of them")
     opts = bpfprog.BpfOptions(launch_latency=launch_latency, ringbuf_pages=ringbuf_pages)
     if ebpf:
         click.echo(bpfprog.full_text(channels))
@@ -173,9 +177,9 @@ def probe_cmd(
             "e.g. sudo argus probe -p $(pgrep -f train.py | head -1)",
         )
     if pids and all_:
-        raise UsageError("give either -p or --all, not both")
+        raise UsageError("give either -p or --all, not both", "-p PID for given processes, --all for all")
     if rank is not None and len(pids) != 1:
-        raise UsageError("--rank applies to exactly one -p PID")
+        raise UsageError("--rank applies to exactly one -p PID", "ranks come from each process's RANK")
     if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
         raise UsageError("--ringbuf-pages must be a power of two", "e.g. 256 (1 MiB) or 1024")
     for pid in pids:

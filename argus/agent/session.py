@@ -19,14 +19,18 @@ from argus.agent import bpfprog
 from argus.agent.identity import Identity
 from argus.agent.tracker import STEP_MARKER, RankTracker
 from argus.errors import NotATarget, SymbolMissing
-from argus.probes import libcuda, libnccl
+from argus.probes import libcuda, libcudart, libnccl
 from argus.probes.base import Channel, LibraryProbes, MappedLibrary, register_calls, resolve
 from argus.probes.elf import Elf
 from argus.probes.records import DROP_NAMES, DecodeError, TargetCfg, decode
 
 register_calls([STEP_MARKER])
-ALL_CHANNELS: Tuple[Channel, ...] = (libcuda.CHANNEL, libnccl.CHANNEL)
-DETECT: Dict[str, Callable[[int], Optional[MappedLibrary]]] = {"cuda": libcuda.detect, "nccl": libnccl.detect}
+ALL_CHANNELS: Tuple[Channel, ...] = (libcuda.CHANNEL, libcudart.CHANNEL, libnccl.CHANNEL)
+DETECT: Dict[str, Callable[[int], Optional[MappedLibrary]]] = {
+    "cuda": libcuda.detect,
+    "cudart": libcudart.detect,
+    "nccl": libnccl.detect,
+}
 
 
 @dataclass
@@ -133,7 +137,7 @@ class Session:
             return
         path = lp.library.host_path
         for p in lp.probes:
-            addr = p.offset + p.plan.offset
+            addr = p.vaddr + p.plan.offset
             if p.spec.entry:
                 self.bpf.attach_uprobe(name=path, addr=addr, fn_name=f"{p.spec.symbol}_entry")
                 self.health.attached += 1
@@ -162,7 +166,7 @@ class Session:
                 f"--step-fn: {sym} not found in {path}",
                 "give LIBRARY_REGEX:SYMBOL, e.g. 'libtrain\\.so:train_step'",
             )
-        self.bpf.attach_uprobe(name=path, addr=s.offset, fn_name="step_marker_entry")
+        self.bpf.attach_uprobe(name=path, addr=s.vaddr, fn_name="step_marker_entry")
         self._attached_inodes.add(("step", (0, 0)))
 
     # ---- the loop ------------------------------------------------------------------------------------
@@ -300,7 +304,7 @@ def inspect(pid: int, channels: Sequence[Channel] = ALL_CHANNELS) -> Dict[str, L
             found[ch.name] = resolve(ch, lib)
     if not found:
         raise NotATarget(
-            f"pid {pid} maps neither libcuda nor libnccl: not a CUDA/NCCL process (or not started yet)",
+            f"pid {pid} maps no libcuda, libcudart or libnccl: not a CUDA process (or not started yet)",
             f"check: grep -E 'libcuda|libnccl' /proc/{pid}/maps; `--all` waits for processes to appear",
         )
     for lp in found.values():

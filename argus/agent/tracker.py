@@ -86,6 +86,7 @@ class RankTracker:
         self.comms: Dict[int, CommInfo] = {}
         self.split_counts: Counter = Counter()
         self.event_stream: Dict[int, int] = {}
+        self.event_epoch: Dict[int, int] = {}
         self.detector = StepDetector(step_fn=step_fn)
         self.next_epoch = 0  # first epoch not yet given to the detector
         self.queue: List[int] = []  # epochs given to the detector, not yet cut into steps
@@ -114,10 +115,16 @@ class RankTracker:
             if r.comm and r.comm not in self.comms:
                 self._identify(r.comm)
         elif isinstance(r, RecElapsed):
-            self.epoch(r.h.epoch).elapsed.append(r)
+            # A timer belongs to the step whose GPU work it measures: the epoch its end event was
+            # recorded in (frameworks read timers after the step's sync, or steps later).
+            e = self.event_epoch.get(r.end_ev, r.h.epoch)
+            if self.last_boundary is not None and e <= self.last_boundary:
+                e = r.h.epoch  # that step is already out
+            self.epoch(e).elapsed.append(r)
         elif isinstance(r, RecEventRecord):
             self.epoch(r.h.epoch).event_records += 1
             self.event_stream[r.event] = r.stream
+            self.event_epoch[r.event] = r.h.epoch
         elif isinstance(r, RecFuncName):
             if r.result == 0 and r.func:
                 self.func_names[r.func] = r.name.decode(errors="replace")
@@ -264,6 +271,7 @@ class RankTracker:
                 "source": det.source if det else None,
             },
             "cuda": self._cuda(data),
+            "cudart": self._cudart(data),
             "nccl": self._nccl(data),
         }
 
@@ -301,7 +309,7 @@ class RankTracker:
                 m[1] += b
             for (call, res), c in d.errors.items():
                 name = call_name(call)
-                if name.startswith("cu"):
+                if name.startswith("cu") and not name.startswith("cuda"):  # cuda*: the runtime's
                     errors.setdefault(name, {})[str(res)] = errors.get(name, {}).get(str(res), 0) + c
             if d.sync is not None:
                 s = sync_by.setdefault(call_name(d.sync.h.call), [0, 0])
@@ -342,6 +350,22 @@ class RankTracker:
             "event_records": event_records,
             "errors": errors,
         }
+
+    def _cudart(self, data: List[EpochData]) -> dict:
+        """CUDA runtime calls (libcudart): how often each ran and its non-zero results. Launches,
+        copies and syncs are reported under "cuda" (the driver channel sees them too)."""
+        calls: Counter = Counter()
+        errors: Dict[str, Dict[str, int]] = {}
+        for d in data:
+            for call, c in d.calls.items():
+                if call_name(call).startswith("cuda"):
+                    calls[call_name(call)] += c
+            for (call, res), c in d.errors.items():
+                name = call_name(call)
+                if name.startswith("cuda"):
+                    per = errors.setdefault(name, {})
+                    per[str(res)] = per.get(str(res), 0) + c
+        return {"calls": dict(calls), "errors": errors}
 
     def _nccl(self, data: List[EpochData]) -> dict:
         ops: Dict[str, Dict[str, int]] = {}
@@ -389,7 +413,8 @@ class RankTracker:
         inits = []
         for d in data:
             for call, c in d.calls.items():
-                calls[call_name(call)] += c
+                if call_name(call).startswith("nccl"):
+                    calls[call_name(call)] += c
             for r in d.inits:
                 inits.append(
                     {

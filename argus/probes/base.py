@@ -50,7 +50,7 @@ class MappedLibrary:
 @dataclass
 class ResolvedProbe:
     spec: UprobeSpec
-    offset: int  # file offset of the symbol
+    vaddr: int  # the symbol's ELF virtual address (bcc translates it to the file offset)
     plan: EntryPlan
 
 
@@ -136,5 +136,5 @@ def resolve(channel: Channel, lib: MappedLibrary) -> LibraryProbes:
             (out.missing_required if spec.required else out.missing_optional).append(spec.symbol)
             continue
         code = elf.read(sym.offset, 48)
-        out.probes.append(ResolvedProbe(spec, sym.offset, plan_entry(code, lib.host_path, sym.vaddr)))
+        out.probes.append(ResolvedProbe(spec, sym.vaddr, plan_entry(code, lib.host_path, sym.vaddr)))
     return out

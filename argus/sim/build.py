@@ -33,7 +33,9 @@ COMMON = [
 ]
 # libcuda entry points begin with `push` like NVIDIA's; libnccl's begin with `endbr64` (a CET
 # build), so the agent's first-instruction logic (attach past endbr64) is exercised.
-CUDA_FLAGS = [*COMMON, "-fcf-protection=none", "-Wl,-soname,libcuda.so.1"]
+# libcuda is linked at a non-zero base, so its symbols' virtual addresses differ from their file
+# offsets (as with lld-linked libraries): attach code must not confuse the two.
+CUDA_FLAGS = [*COMMON, "-fcf-protection=none", "-Wl,-soname,libcuda.so.1", "-Wl,-Ttext-segment=0x100000"]
 NCCL_FLAGS = [
     *COMMON,
     "-fcf-protection=branch",

@@ -51,7 +51,7 @@ def _parse_sets(sets: Tuple[str, ...]) -> Dict[str, float]:
         try:
             out[k.strip()] = float(v)
         except ValueError:
-            raise UsageError(f"--set {k}: '{v}' is not a number") from None
+            raise UsageError(f"--set {k}: '{v}' is not a number", "e.g. --set layers=12") from None
     return out
 
 

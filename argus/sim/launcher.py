@@ -88,7 +88,7 @@ class SimJob:
     def _validate(self) -> None:
         c, w = self.cfg, self.w
         if c.ranks < 1 or c.steps < 1:
-            raise UsageError("--ranks and --steps must be at least 1")
+            raise UsageError("--ranks and --steps must be at least 1", "e.g. --ranks 8 --steps 50")
         if c.layout not in LAYOUTS:
             raise UsageError(f"unknown layout '{c.layout}'", f"choose one of: {', '.join(LAYOUTS)}")
         if c.layout == "tp-dp" and c.ranks % w.tp:
@@ -102,7 +102,7 @@ class SimJob:
         except FaultSpecError as e:
             raise UsageError(f"bad --inject: {e}", "see `argus sim run --help` for the fault kinds") from None
         if any(f.kind == "bubble" for f in self.faults) and c.layout != "pp-dp":
-            raise UsageError("the bubble fault needs --layout pp-dp")
+            raise UsageError("the bubble fault needs --layout pp-dp", "add --layout pp-dp")
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 

@@ -1,0 +1,164 @@
+"""What `argus probe` costs: per-hit cost of each probe kind, and step-time overhead on the
+simulated job at its default rates, probe on vs off, in one run.
+
+    sudo .venv/bin/python -m benchmarks.probe_overhead [--quick] [--markdown]
+
+Per-hit: a C driver calls one probed function in a tight loop (2e5 calls), without and with the
+real Argus programs attached; cost = median(on) - median(off) over repetitions.
+Step time: the 8-rank simulated job (default preset), runs interleaved off/on/off/on; the probe is
+the real `argus probe --json` command; its CPU time is reported too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from argus.agent import identity  # noqa: E402
+from argus.agent.session import Session  # noqa: E402
+from argus.sim.build import build  # noqa: E402
+from argus.sim.launcher import SimConfig, SimJob  # noqa: E402
+
+KINDS: List[Tuple[str, str]] = [
+    ("cuLaunchKernel", "uprobe + uretprobe: per-kernel counter, latency histogram"),
+    ("cuEventRecord", "uprobe: ring-buffer record (no wakeup) + uretprobe: result"),
+    ("cuEventQuery", "uretprobe only: result counted when non-zero"),
+    ("ncclGroupStart", "GroupStart+GroupEnd pair: 2 uprobes (counters) + 1 uretprobe"),
+    ("ncclGetVersion", "uretprobe on a single-stepped first instruction (reported as slow)"),
+]
+
+
+def build_driver() -> Path:
+    out = Path(tempfile.gettempdir()) / "argus-hitbench"
+    src = REPO / "benchmarks" / "csrc" / "hitbench.c"
+    if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
+        subprocess.run(["gcc", "-O2", "-o", str(out), str(src), "-ldl"], check=True)
+    return out
+
+
+def one_run(driver: Path, libdir: Path, fn: str, n: int, session: Session | None) -> float:
+    p = subprocess.Popen(
+        [str(driver), str(libdir), fn, str(n)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert p.stdout is not None and p.stdin is not None
+    assert p.stdout.readline().strip() == "ready"
+    if session is not None:
+        session.add(p.pid, identity.of_pid(p.pid))
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    ns = float(p.stdout.readline())
+    p.wait()
+    if session is not None:
+        session.remove(p.pid)
+        session.drain()
+    return ns
+
+
+def per_hit(reps: int, n: int) -> List[Tuple[str, str, float, float, float]]:
+    libs = build()
+    driver = build_driver()
+    session = Session()
+    rows = []
+    try:
+        for fn, desc in KINDS:
+            off = [one_run(driver, libs.directory, fn, n, None) for _ in range(reps)]
+            on = [one_run(driver, libs.directory, fn, n, session) for _ in range(reps)]
+            mo, mi = statistics.median(off), statistics.median(on)
+            rows.append((fn, desc, mo, mi, mi - mo))
+    finally:
+        session.close(background=True)
+    return rows
+
+
+def job_run(steps: int, probe: bool, preset: str) -> Tuple[float, float]:
+    """Median job step time (s), and the probe's CPU seconds (0 when off)."""
+    import psutil
+
+    job = SimJob(SimConfig(ranks=8, steps=steps, preset=preset, gate=probe)).start()
+    proc = None
+    cpu = 0.0
+    try:
+        if probe:
+            job.wait_loaded()
+            args = [sys.executable, "-m", "argus", "probe", "--json"]
+            for pid in job.pids.values():
+                args += ["-p", str(pid)]
+            proc = subprocess.Popen(
+                args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=str(REPO)
+            )
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                if "Tracing" in line:
+                    break
+            job.release()
+            ps = psutil.Process(proc.pid)
+            while any(p.poll() is None for p in job.procs.values()):
+                try:
+                    t = ps.cpu_times()
+                    cpu = t.user + t.system
+                except psutil.NoSuchProcess:
+                    break
+                time.sleep(0.2)
+        job.wait()
+        if proc is not None:
+            proc.wait(timeout=60)
+        return statistics.median(job.job_step_seconds()[3:]), cpu
+    finally:
+        job.stop()
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+
+
+def step_overhead(steps: int, reps: int, preset: str) -> Dict[str, List[float]]:
+    res: Dict[str, List[float]] = {"off": [], "on": [], "cpu": []}
+    for _ in range(reps):
+        for probe in (False, True):
+            t, cpu = job_run(steps, probe, preset)
+            res["on" if probe else "off"].append(t)
+            if probe:
+                res["cpu"].append(cpu)
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a smoke run (seconds), not a measurement")
+    ap.add_argument("--preset", default="default")
+    args = ap.parse_args()
+    reps, n, steps, jreps = (1, 20_000, 8, 1) if args.quick else (3, 200_000, 40, 2)
+
+    print(f"# probe per-hit cost ({n} calls per run, median of {reps} runs)\n")
+    print("| probed call | what runs per hit | off ns/call | on ns/call | cost ns/hit |")
+    print("|---|---|---:|---:|---:|")
+    for fn, desc, off, on, cost in per_hit(reps, n):
+        print(f"| {fn} | {desc} | {off:.0f} | {on:.0f} | {cost:.0f} |")
+
+    print(
+        f"\n# step time, 8-rank simulated job ({args.preset} preset), {steps} steps per run, {jreps} "
+        "interleaved "
+        "pairs\n"
+    )
+    r = step_overhead(steps, jreps, args.preset)
+    off, on = statistics.median(r["off"]), statistics.median(r["on"])
+    print("| | median step time (s) | runs |")
+    print("|---|---:|---|")
+    print(f"| probe off | {off:.4f} | {', '.join(f'{x:.4f}' for x in r['off'])} |")
+    print(f"| argus probe (cuda+nccl) | {on:.4f} | {', '.join(f'{x:.4f}' for x in r['on'])} |")
+    print(
+        f"\nstep-time overhead: {100 * (on - off) / off:+.2f}% (ratio on/off {on / off:.4f}); "
+        f"probe CPU: {statistics.median(r['cpu']):.2f} s per run of {steps} steps (incl. ~1 s BPF compile)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

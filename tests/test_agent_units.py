@@ -1,0 +1,202 @@
+"""Pure parts of the agent, without root: step detection, record bookkeeping, identity, prologues, ELF."""
+
+from __future__ import annotations
+
+import struct
+from typing import List, Optional
+
+import click
+import pytest
+
+from argus.agent.cli import parse_duration
+from argus.agent.identity import from_environ
+from argus.agent.steps import EpochSig, StepDetector, find_period
+from argus.agent.tracker import RankTracker, fnv1a64
+from argus.probes import libnccl
+from argus.probes.base import call_id
+from argus.probes.elf import Elf
+from argus.probes.prologue import plan_entry, skippable
+from argus.probes.records import RecCommInit, RecElapsed, RecEventRecord, RecFuncName, RecNccl, RecSync
+from argus.sim.build import build
+
+SYNC_END = ("cuStreamSynchronize", 0xA, 1)
+SYNC_CLIP = ("cuStreamSynchronize", 0xB, 1)
+
+
+def sig(
+    e: int, sync: object, colls: int, t: int, first: Optional[int] = None, last: Optional[int] = None
+) -> EpochSig:
+    c = ((("dp", "AllReduce"), colls),) if colls else ()
+    return EpochSig(e, sync, c, t, first, last)
+
+
+def test_period_one_sync_per_step() -> None:
+    sigs = [sig(e, SYNC_END, 24, e * 100, e * 100 + 40, e * 100 + 90) for e in range(12)]
+    assert find_period(sigs) == (1, 1.0)
+
+
+def test_period_two_syncs_cuts_at_the_end_of_step_sync() -> None:
+    """Step: backward all-reduces, clip-grad sync, optimizer, end-of-step sync, next step's data+forward."""
+    sigs = []
+    for step in range(10):
+        t = step * 1000
+        # epoch closed by the clip sync: contains the all-reduces (t+300..t+700)
+        sigs.append(sig(2 * step, SYNC_CLIP, 24, t + 750, t + 300, t + 700))
+        # epoch closed by the end-of-step sync: optimizer only
+        sigs.append(sig(2 * step + 1, SYNC_END, 0, t + 900))
+    d = StepDetector()
+    for s in sigs:
+        d.add(s)
+    assert d.period is not None and d.period.length == 2
+    assert d.period.sync == SYNC_END
+    assert [s.epoch for s in sigs if d.is_boundary(s)] == [2 * k + 1 for k in range(10)]
+
+
+def test_no_period_for_noise_and_other_syncs_never_cut() -> None:
+    import random
+
+    rnd = random.Random(1)
+    noisy = [sig(e, ("cuStreamSynchronize", rnd.randrange(9), 1), rnd.randrange(5), e) for e in range(40)]
+    assert find_period(noisy) is None
+    d = StepDetector()
+    for e in range(12):
+        d.add(sig(e, SYNC_END, 8, e * 10))
+    odd = sig(12, ("cuCtxSynchronize", 0, 1), 0, 125)  # e.g. a checkpoint's sync
+    d.add(odd)
+    assert not d.is_boundary(odd)
+
+
+def hdr(kind: int, call: str, epoch: int, ts: int, tgid: int = 7) -> dict:
+    return {"kind": kind, "tgid": tgid, "tid": tgid, "call": call_id(call), "ts": ts, "epoch": epoch}
+
+
+def set_hdr(rec: object, **h: int) -> None:
+    for k, v in h.items():
+        setattr(rec.h, k, v)  # type: ignore[attr-defined]
+
+
+def sync_rec(epoch: int, enter: int, exit_: int) -> RecSync:
+    r = RecSync(enter_ns=enter, handle=0xA, result=0, bytes_kind=0xFFFFFFFF)
+    set_hdr(r, **hdr(1, "cuStreamSynchronize", epoch, exit_))
+    return r
+
+
+def nccl_rec(epoch: int, comm: int, seq: int, enter: int, count: int = 1024) -> RecNccl:
+    r = RecNccl(comm=comm, seq=seq, count=count, dtype=9, peer=-1, flags=2, enter_ns=enter)
+    set_hdr(r, **hdr(5, "ncclAllReduce", epoch, enter + 5000))
+    return r
+
+
+def make_tracker() -> RankTracker:
+    ident = from_environ(
+        {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "TORCHELASTIC_RUN_ID": "j1"}, 7, "h"
+    )
+    return RankTracker(ident, libnccl.CommLayout("test", 8, 16, 20, 32))
+
+
+def feed_steps(t: RankTracker, steps: int, per_step: int = 4) -> None:
+    uid = bytes(range(128))
+    init = RecCommInit(comm=0xC0, nranks=8, rank=3, result=0, comm_rank=-1, comm_nranks=-1, has_uid=1)
+    init.uid[:] = list(uid)
+    set_hdr(init, **hdr(6, "ncclCommInitRank", 0, 10))
+    t.on_record(init)
+    fn = RecFuncName(func=0xF1, result=0, name=b"gemm")
+    set_hdr(fn, **hdr(2, "cuModuleGetFunction", 0, 11))
+    t.on_record(fn)
+    for e in range(steps):
+        base = 1_000_000 * (e + 1)
+        for i in range(per_step):
+            t.on_record(nccl_rec(e, 0xC0, 1 + e * per_step + i, base + 1000 * i))
+        t.add_launches(e, 0xF1, 50)
+        t.add_launches(e, 0xF2, 3)
+        ev = RecEventRecord(event=0xE1, stream=0x55)
+        set_hdr(ev, **hdr(3, "cuEventRecord", e, base + 10))
+        t.on_record(ev)
+        t.on_record(sync_rec(e, base + 500_000, base + 900_000))
+        el = RecElapsed(start_ev=0xE0, end_ev=0xE1, ms_bits=struct.unpack("<I", struct.pack("<f", 1.5))[0])
+        set_hdr(el, **hdr(4, "cuEventElapsedTime", e + 1, base + 950_000))  # read after the step's sync
+        t.on_record(el)
+        t.add_error(e, call_id("cuEventQuery"), 600, 1)
+
+
+def test_tracker_cuts_steps_and_summarises() -> None:
+    t = make_tracker()
+    feed_steps(t, 10)
+    out: List[dict] = t.finalize(10)
+    assert [s["step"] for s in out] == list(range(1, 10))  # the first boundary only starts tracking
+    s = out[0]
+    assert (s["rank"], s["world_size"], s["job"], s["host"], s["pid"]) == (3, 8, "j1", "h", 7)
+    assert s["cuda"]["launches"]["by_kernel"] == {"gemm": 50, "fn@0xf2": 3}
+    assert s["cuda"]["timers"] == [{"ms": 1.5, "start_event": "0xe0", "end_event": "0xe1", "stream": "0x55"}]
+    assert s["cuda"]["errors"] == {"cuEventQuery": {"600": 1}}
+    assert s["cuda"]["sync"]["wait_ns"] == 400_000
+    key = f"{fnv1a64(bytes(range(128))):016x}"
+    assert s["nccl"]["comms"][key]["identity"] == "init" and s["nccl"]["comms"][key]["nranks"] == 8
+    assert s["nccl"]["ops"]["AllReduce"] == {"count": 4, "bytes": 4 * 1024 * 2, "host_ns": 4 * 5000}
+    assert s["duration_ns"] == 1_000_000 and s["step_source"] == "nccl-seq"
+    tail = t.flush_tail()
+    assert tail is None or tail["step"] is None
+
+
+def test_tracker_identifies_a_communicator_from_process_memory() -> None:
+    comm = bytearray(64)
+    struct.pack_into("<Qii", comm, 8, 0xABCDEF, 5, 16)
+    t = RankTracker(
+        from_environ({}, 1, "h"),
+        libnccl.CommLayout("test", 8, 16, 20, 32),
+        read_mem=lambda addr, n: bytes(comm[:n]),
+    )
+    t.on_record(nccl_rec(0, 0x99, 3, 100))
+    assert (t.comms[0x99].hash, t.comms[0x99].rank, t.comms[0x99].nranks) == (0xABCDEF, 5, 16)
+    assert t.comms[0x99].source == "attach"
+
+
+def test_identity_from_launchers() -> None:
+    torch = from_environ(
+        {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "16", "TORCHELASTIC_RUN_ID": "abc"}, 9, "n1"
+    )
+    assert (torch.rank, torch.local_rank, torch.world_size, torch.job, torch.source) == (
+        5,
+        1,
+        16,
+        "abc",
+        "torchrun",
+    )
+    slurm = from_environ(
+        {"SLURM_PROCID": "7", "SLURM_LOCALID": "3", "SLURM_NTASKS": "32", "SLURM_JOB_ID": "42"}, 9, "n"
+    )
+    assert (slurm.rank, slurm.world_size, slurm.job) == (7, 32, "slurm-42")
+    flags = from_environ({"RANK": "5"}, 9, "n", job="mine", rank=2)
+    assert (flags.rank, flags.job, flags.source) == (2, "mine", "flag")
+    none = from_environ({}, 9, "n")
+    assert (none.rank, none.job) == (-1, "pid-9")
+
+
+def test_prologue_plans() -> None:
+    assert plan_entry(b"\x55\x48\x89\xe5").fast and plan_entry(b"\x55").offset == 0
+    p = plan_entry(b"\xf3\x0f\x1e\xfa\x41\x57")
+    assert (p.offset, p.fast, p.insn) == (4, True, "push")
+    assert plan_entry(b"\x0f\x1f\x44\x00\x00\x55").insn == "nop5"
+    assert not plan_entry(b"\x48\x81\xec\x88\x00\x00\x00").fast  # sub $0x88,%rsp: single-stepped
+    assert skippable("mov", "%rsi,%rax") and skippable("test", "%rdi,%rdi")
+    assert not skippable("mov", "%ecx,%edi") and not skippable("sub", "$0x88,%rsp")
+    assert not skippable("mov", "%rax,(%rdi)") and not skippable("call", "foo")
+
+
+def test_elf_symbols_version_and_layout_of_the_simulated_nccl() -> None:
+    libs = build()
+    elf = Elf(libs.libnccl)
+    assert {"ncclAllReduce", "ncclCommInitRank", "ncclGetVersion"} <= set(elf.symbols)
+    assert libnccl.version_of(elf) == 22105
+    lay = libnccl.layout_of(elf)
+    assert lay.known and (lay.comm_hash, lay.rank, lay.nranks, lay.coll_opcount) == (8, 16, 20, 32)
+    cuda = Elf(libs.libcuda)
+    sym = cuda.symbols["cuLaunchKernel"]
+    assert cuda.read(sym.offset, 1) == b"\x55"  # push %rbp: the probe will be cheap
+    assert libnccl.layout_of(cuda) == libnccl.UNKNOWN_LAYOUT
+
+
+def test_durations() -> None:
+    assert parse_duration("500ms") == 0.5 and parse_duration("2m") == 120 and parse_duration("3") == 3
+    with pytest.raises(click.BadParameter):
+        parse_duration("soon")

@@ -1,0 +1,55 @@
+"""Every Python mirror in argus/probes/records.py has the size and field offsets bcc compiled for the
+C struct in bpf/records.h (the values are measured by a BPF program, not recomputed in Python)."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import List, Tuple
+
+import pytest
+
+from argus.agent.bpfprog import BPF_DIR
+from argus.probes.records import MIRRORS
+
+pytestmark = pytest.mark.bpf
+
+
+def layout_items() -> List[Tuple[str, str, str]]:
+    """(label, C expression, python value) for every struct size and field offset."""
+    items = []
+    for cname, cls in MIRRORS.items():
+        items.append((f"sizeof({cname})", f"sizeof(struct {cname})", str(ctypes.sizeof(cls))))
+        for fname, _t in cls._fields_:
+            off = getattr(cls, fname).offset
+            items.append((f"{cname}.{fname}", f"offsetof(struct {cname}, {fname})", str(off)))
+    return items
+
+
+def test_python_mirrors_match_the_compiled_c_layout() -> None:
+    from bcc import BPF
+
+    items = layout_items()
+    body = "\n".join(
+        f"    i = {n}; v = {expr}; layout.update(&i, &v);" for n, (_label, expr, _py) in enumerate(items)
+    )
+    text = f"""
+#include <uapi/linux/ptrace.h>
+#include "records.h"
+BPF_ARRAY(layout, u64, {len(items)});
+int fill(struct pt_regs *ctx) {{
+    int i; u64 v;
+{body}
+    return 0;
+}}
+"""
+    b = BPF(text=text, cflags=[f"-I{BPF_DIR}"])
+    try:
+        b.attach_uprobe(name="c", sym="getpid", fn_name="fill")
+        ctypes.CDLL("libc.so.6").getpid()
+        table = b["layout"]
+        compiled = {label: int(table[ctypes.c_int(n)].value) for n, (label, _e, _p) in enumerate(items)}
+    finally:
+        b.cleanup()
+    mismatches = {label: (compiled[label], int(py)) for label, _e, py in items if compiled[label] != int(py)}
+    assert not mismatches, f"C vs Python (compiled, mirror): {mismatches}"
+    assert compiled["sizeof(rec_comm_init)"] > 128  # the table was really filled

@@ -1,0 +1,268 @@
+"""`argus probe` against the simulated multi-rank job: real BPF, real uprobes, exact ground truth."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict
+
+import pytest
+
+from argus.sim.launcher import SimConfig, SimJob
+from tests.helpers import nobody_skip_reason, run_argus
+from tests.probing import ProbeProc, by_rank_step, probed_run, wait_steps
+
+pytestmark = pytest.mark.bpf
+
+
+def truth_by_step(job: SimJob, rank: int) -> Dict[int, dict]:
+    return {r["step"]: r for r in job.ranks[rank].records}
+
+
+def test_probe_matches_what_the_trainer_issued(tmp_path: Path) -> None:
+    """4 ranks, probe attached before the first CUDA call: every count is exact."""
+    job, probe = probed_run(SimConfig(ranks=4, steps=30, preset="small", run_dir=str(tmp_path)))
+    got = by_rank_step(probe.steps())
+    assert set(got) == {0, 1, 2, 3}
+    for rank in range(4):
+        truth = truth_by_step(job, rank)
+        meta = job.ranks[rank].meta
+        assert meta is not None
+        matched = [s for s in truth if s in got[rank]]
+        # step boundaries found for >= 95% of the trainer's steps
+        assert len(matched) >= 0.95 * len(truth), (rank, sorted(got[rank]))
+        for s in matched:
+            p, t = got[rank][s], truth[s]
+            # identity
+            assert (p["rank"], p["world_size"], p["job"], p["pid"]) == (
+                rank,
+                4,
+                truth_job(job),
+                job.pids[rank],
+            )
+            # boundaries: the probe's step ends at the trainer's end-of-step sync
+            assert t["sync_enter_ns"] <= p["end_ns"] <= t["end_ns"], (s, p["end_ns"], t)
+            # collectives: counts and bytes per op, exact
+            assert {op: [o["count"], o["bytes"]] for op, o in p["nccl"]["ops"].items()} == t["colls"]
+            # launches per kernel, exact
+            assert p["cuda"]["launches"]["by_kernel"] == t["launches"]
+            # harvested cuEventElapsedTime values, bit for bit
+            assert sorted(x["ms"] for x in p["cuda"]["timers"]) == sorted(t["timers_ms"].values())
+            # the host's sync wait
+            wait = p["cuda"]["sync"]["by_call"]["cuStreamSynchronize"]["wait_ns"]
+            assert wait == pytest.approx(t["sync_wait_ns"], rel=0.10)
+            # errors by call and code
+            assert p["cuda"]["errors"] == {"cuEventQuery": {"600": t["errors"]["cuEventQuery:600"]}}
+            assert p["cuda"]["memcpy"]["HtoD"]["bytes"] == t["memcpy"]["HtoD"]
+            assert p["cuda"]["memory"]["alloc"]["bytes"] == t["alloc_bytes"]
+            assert p["cuda"]["memory"]["free"]["bytes"] == t["free_bytes"]
+            # communicator identity, seen created
+            dp = meta["comms"]["dp"]
+            comm = p["nccl"]["comms"][f"{dp['hash']:016x}"]
+            assert (comm["nranks"], comm["rank"], comm["identity"]) == (4, dp["rank"], "init")
+        assert all(s["step_source"] == "nccl-seq" for s in got[rank].values())
+
+
+def truth_job(job: SimJob) -> str:
+    return f"sim-{job.run_id}"
+
+
+def test_attach_mid_run_still_identifies_communicators_and_aligns(tmp_path: Path) -> None:
+    """Communicators created before attach get their identity from the process; steps and sequence
+    numbers agree across ranks and with the trainer."""
+    job = SimJob(
+        SimConfig(ranks=4, steps=1000, layout="tp-dp", preset="small", run_dir=str(tmp_path))
+    ).start()
+    try:
+        wait_steps(job, 10)
+        probe = ProbeProc(job.pids.values(), "-d", "3s")
+        assert probe.wait(timeout=60) == 0, probe.stderr
+        job.poll()
+    finally:
+        job.stop()
+    got = by_rank_step(probe.steps())
+    common = set.intersection(*(set(v) for v in got.values()))
+    assert len(common) >= 10, {r: sorted(v) for r, v in got.items()}
+    for rank in range(4):
+        meta = job.ranks[rank].meta
+        truth = truth_by_step(job, rank)
+        for s in common:
+            p = got[rank][s]
+            assert {op: [o["count"], o["bytes"]] for op, o in p["nccl"]["ops"].items()} == truth[s]["colls"]
+            for name in ("tp", "dp"):
+                info = meta["comms"][name]
+                c = p["nccl"]["comms"][f"{info['hash']:016x}"]
+                assert (c["nranks"], c["rank"], c["identity"]) == (info["nranks"], info["rank"], "attach")
+    # alignment: in every common step, each DP collective instance (comm, seq) was reached by both DP ranks
+    for s in common:
+        seen: Dict[tuple, set] = {}
+        for rank in range(4):
+            for a in got[rank][s]["nccl"]["arrivals"]:
+                seen.setdefault((a[0], a[1]), set()).add(rank)
+        assert seen and all(len(v) == 2 for v in seen.values())  # tp=2, dp=2: every comm has 2 ranks
+
+
+def test_pipeline_point_to_point_and_groups(tmp_path: Path) -> None:
+    job, probe = probed_run(
+        SimConfig(ranks=4, steps=8, layout="pp-dp", preset="small", run_dir=str(tmp_path))
+    )
+    got = by_rank_step(probe.steps())
+    for rank in range(4):
+        truth = truth_by_step(job, rank)
+        for s, p in got[rank].items():
+            assert {op: [o["count"], o["bytes"]] for op, o in p["nccl"]["ops"].items()} == truth[s]["colls"]
+            p2p = [a for a in p["nccl"]["arrivals"] if a[2] in ("Send", "Recv")]
+            assert p2p and all(a[-1] == "g" for a in p2p)  # issued inside ncclGroupStart/End
+            assert p["nccl"]["groups"] == len(p2p)
+
+
+def test_agent_survives_a_target_exiting(tmp_path: Path) -> None:
+    short = SimJob(SimConfig(ranks=1, steps=150, preset="small", run_dir=str(tmp_path / "a"))).start()
+    long = SimJob(SimConfig(ranks=1, steps=500, preset="small", run_dir=str(tmp_path / "b"))).start()
+    try:
+        wait_steps(short, 1)
+        wait_steps(long, 1)
+        probe = ProbeProc([short.pids[0], long.pids[0]])
+        probe.wait_for("Tracing")
+        short.wait()
+        probe.wait_for(f"pid {short.pids[0]} exited", timeout=30)
+        n_before = sum(1 for s in probe.steps() if s["pid"] == long.pids[0])
+        time.sleep(2)
+        n_after = sum(1 for s in probe.steps() if s["pid"] == long.pids[0])
+        assert n_after > n_before  # still serving the other process
+        long.stop()  # the probe ends when its last target is gone
+        assert probe.wait(timeout=60) == 0
+    finally:
+        short.stop()
+        long.stop()
+
+
+def test_sigterm_detaches_cleanly_and_flushes(tmp_path: Path) -> None:
+    job = SimJob(SimConfig(ranks=2, steps=200, preset="small", run_dir=str(tmp_path))).start()
+    try:
+        wait_steps(job, 2)
+        probe = ProbeProc(job.pids.values())
+        probe.wait_for("Tracing")
+        time.sleep(2)
+        probe.terminate()
+        t0 = time.monotonic()
+        assert probe.wait(timeout=30) == 0
+        assert time.monotonic() - t0 < 5
+        assert probe.steps(), probe.stderr
+        assert all(p.poll() is None for p in job.procs.values())  # the job never noticed
+    finally:
+        job.stop()
+
+
+def test_drops_are_counted_and_explained(tmp_path: Path) -> None:
+    _job, probe = probed_run(
+        SimConfig(ranks=2, steps=12, layout="tp-dp", preset="heavy", run_dir=str(tmp_path)),
+        "--ringbuf-pages",
+        "1",
+    )
+    assert "dropped records" in probe.stderr and "--ringbuf-pages" in probe.stderr
+
+
+# ---- bad input: a one-line ERROR + HINT and a distinct exit code, never a traceback ----
+
+
+def check_error(res: subprocess.CompletedProcess, code: int, *words: str) -> None:
+    assert res.returncode == code, (res.returncode, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert any(ln.startswith("ERROR: ") for ln in lines) and any(ln.startswith("HINT: ") for ln in lines), (
+        res.stderr
+    )
+    assert "Traceback" not in res.stderr
+    for w in words:
+        assert w in res.stderr
+
+
+def test_no_such_pid() -> None:
+    check_error(run_argus("probe", "-p", "999999"), 4, "999999")
+
+
+def test_not_a_cuda_process() -> None:
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        check_error(run_argus("probe", "-p", str(p.pid)), 5, "libcuda", "libnccl")
+    finally:
+        p.kill()
+
+
+def test_library_mapped_but_symbol_missing(tmp_path: Path) -> None:
+    """An NCCL too old (or too new) for a required entry point."""
+    src = tmp_path / "old.c"
+    src.write_text("int ncclGetVersion(int *v) { *v = 21000; return 0; }\n")
+    lib = tmp_path / "libnccl.so.2"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    code = f"import ctypes, time; ctypes.CDLL({str(lib)!r}); print('ok', flush=True); time.sleep(30)"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ok"
+        check_error(run_argus("probe", "-p", str(p.pid)), 6, "ncclAllReduce", str(lib))
+    finally:
+        p.kill()
+
+
+def test_not_root_gets_a_hint() -> None:
+    reason = nobody_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        res = run_argus("probe", "-p", str(p.pid), nobody=True)
+        assert res.returncode in (3, 5), res.stderr  # maps unreadable or not root: both say what to do
+        check_error(res, res.returncode, "sudo")
+    finally:
+        p.kill()
+
+
+def test_ebpf_prints_the_program_without_root() -> None:
+    reason = nobody_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    res = run_argus("probe", "--ebpf", nobody=True)
+    assert res.returncode == 0, res.stderr
+    assert (
+        "int cuLaunchKernel_entry" in res.stdout
+        and "cflags:" in res.stdout
+        and "-DCALL_cuLaunchKernel=" in res.stdout
+    )
+
+
+def test_usage_errors() -> None:
+    check_error(run_argus("probe"), 2, "-p PID")
+    check_error(run_argus("probe", "-p", "1", "--all"), 2)
+    check_error(run_argus("probe", "-p", str(os.getpid()), "--ringbuf-pages", "3"), 2, "power of two")
+
+
+def test_missing_bcc_and_headers_are_environment_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from argus.agent import bpfprog
+    from argus.errors import EnvironmentProblem
+
+    monkeypatch.setitem(sys.modules, "bcc", None)  # `import bcc` raises ImportError
+    with pytest.raises(EnvironmentProblem, match="bcc") as e:
+        bpfprog.preflight()
+    assert "python3-bpfcc" in e.value.hint
+    monkeypatch.delitem(sys.modules, "bcc")
+    monkeypatch.setattr(bpfprog.platform, "release", lambda: "0.0.0-no-such-kernel")
+    with pytest.raises(EnvironmentProblem, match="kernel headers") as e:
+        bpfprog.preflight()
+    assert "setup.sh" in e.value.hint
+
+
+def test_sigint_exit_code(tmp_path: Path) -> None:
+    job = SimJob(SimConfig(ranks=1, steps=100, preset="small", run_dir=str(tmp_path))).start()
+    try:
+        wait_steps(job, 2)
+        probe = ProbeProc(job.pids.values())
+        probe.wait_for("Tracing")
+        probe.proc.send_signal(signal.SIGINT)
+        assert probe.wait(timeout=30) == 0
+        assert "Traceback" not in probe.stderr
+    finally:
+        job.stop()
