@@ -64,32 +64,36 @@ def one_run(driver: Path, libdir: Path, fn: str, n: int, session: Session | None
 
 
 def per_hit(reps: int, n: int) -> List[Tuple[str, str, float, float, float]]:
+    """All 'off' runs happen before any probe exists: once attached, a uprobe traps in every process
+    that maps the library, targeted or not (the BPF program then returns at once)."""
     libs = build()
     driver = build_driver()
+    off = {fn: [one_run(driver, libs.directory, fn, n, None) for _ in range(reps)] for fn, _ in KINDS}
     session = Session()
-    rows = []
     try:
-        for fn, desc in KINDS:
-            off = [one_run(driver, libs.directory, fn, n, None) for _ in range(reps)]
-            on = [one_run(driver, libs.directory, fn, n, session) for _ in range(reps)]
-            mo, mi = statistics.median(off), statistics.median(on)
-            rows.append((fn, desc, mo, mi, mi - mo))
+        on = {fn: [one_run(driver, libs.directory, fn, n, session) for _ in range(reps)] for fn, _ in KINDS}
     finally:
         session.close(background=True)
+    rows = []
+    for fn, desc in KINDS:
+        mo, mi = statistics.median(off[fn]), statistics.median(on[fn])
+        rows.append((fn, desc, mo, mi, mi - mo))
     return rows
 
 
-def job_run(steps: int, probe: bool, preset: str) -> Tuple[float, float]:
-    """Median job step time (s), and the probe's CPU seconds (0 when off)."""
+def job_run(
+    steps: int, probe: bool, preset: str, extra: Tuple[str, ...] = (), ranks: int = 8
+) -> Tuple[float, float]:
+    """Median job step time (s), and the probe's CPU use while tracing (fraction of one core; 0 when off)."""
     import psutil
 
-    job = SimJob(SimConfig(ranks=8, steps=steps, preset=preset, gate=probe)).start()
+    job = SimJob(SimConfig(ranks=ranks, steps=steps, preset=preset, gate=probe)).start()
     proc = None
     cpu = 0.0
     try:
         if probe:
             job.wait_loaded()
-            args = [sys.executable, "-m", "argus", "probe", "--json"]
+            args = [sys.executable, "-m", "argus", "probe", "--json", *extra]
             for pid in job.pids.values():
                 args += ["-p", str(pid)]
             proc = subprocess.Popen(
@@ -99,12 +103,14 @@ def job_run(steps: int, probe: bool, preset: str) -> Tuple[float, float]:
             for line in proc.stderr:
                 if "Tracing" in line:
                     break
-            job.release()
             ps = psutil.Process(proc.pid)
+            t = ps.cpu_times()
+            cpu0, w0 = t.user + t.system, time.monotonic()  # after compile and attach
+            job.release()
             while any(p.poll() is None for p in job.procs.values()):
                 try:
                     t = ps.cpu_times()
-                    cpu = t.user + t.system
+                    cpu = (t.user + t.system - cpu0) / (time.monotonic() - w0)
                 except psutil.NoSuchProcess:
                     break
                 time.sleep(0.2)
@@ -118,11 +124,11 @@ def job_run(steps: int, probe: bool, preset: str) -> Tuple[float, float]:
             proc.kill()
 
 
-def step_overhead(steps: int, reps: int, preset: str) -> Dict[str, List[float]]:
+def step_overhead(steps: int, reps: int, preset: str, ranks: int) -> Dict[str, List[float]]:
     res: Dict[str, List[float]] = {"off": [], "on": [], "cpu": []}
     for _ in range(reps):
         for probe in (False, True):
-            t, cpu = job_run(steps, probe, preset)
+            t, cpu = job_run(steps, probe, preset, ranks=ranks)
             res["on" if probe else "off"].append(t)
             if probe:
                 res["cpu"].append(cpu)
@@ -143,20 +149,22 @@ def main() -> int:
         print(f"| {fn} | {desc} | {off:.0f} | {on:.0f} | {cost:.0f} |")
 
     print(
-        f"\n# step time, 8-rank simulated job ({args.preset} preset), {steps} steps per run, {jreps} "
-        "interleaved "
-        "pairs\n"
+        f"\n# step time, simulated job ({args.preset} preset), {steps} steps per run, "
+        f"{jreps} interleaved pairs\n"
     )
-    r = step_overhead(steps, jreps, args.preset)
-    off, on = statistics.median(r["off"]), statistics.median(r["on"])
-    print("| | median step time (s) | runs |")
-    print("|---|---:|---|")
-    print(f"| probe off | {off:.4f} | {', '.join(f'{x:.4f}' for x in r['off'])} |")
-    print(f"| argus probe (cuda+nccl) | {on:.4f} | {', '.join(f'{x:.4f}' for x in r['on'])} |")
     print(
-        f"\nstep-time overhead: {100 * (on - off) / off:+.2f}% (ratio on/off {on / off:.4f}); "
-        f"probe CPU: {statistics.median(r['cpu']):.2f} s per run of {steps} steps (incl. ~1 s BPF compile)"
+        "| ranks (on 2 cores) | probe off: median step (s) | argus probe (cuda+cudart+nccl) | overhead | "
+        "agent CPU (% of a core) |"
     )
+    print("|---:|---:|---:|---:|---:|")
+    for ranks in (2, 8):
+        r = step_overhead(steps, jreps, args.preset, ranks)
+        off, on = statistics.median(r["off"]), statistics.median(r["on"])
+        print(
+            f"| {ranks} | {off:.4f} ({', '.join(f'{x:.4f}' for x in r['off'])}) | {on:.4f} "
+            f"({', '.join(f'{x:.4f}' for x in r['on'])}) | {100 * (on - off) / off:+.2f}% | "
+            f"{100 * statistics.median(r['cpu']):.1f}% |"
+        )
     return 0
 
 

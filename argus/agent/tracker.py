@@ -403,7 +403,7 @@ class RankTracker:
                 if op not in ("Send", "Recv"):
                     cm["first_seq"] = min(cm["first_seq"], n.seq)
                     cm["last_seq"] = max(cm["last_seq"], n.seq)
-                arrival = [info.key, n.seq, op, nbytes, n.enter_ns]
+                arrival = [info.key, n.seq, op, nbytes, n.enter_ns, n.h.ts - n.enter_ns]
                 if op in ("Send", "Recv", "Broadcast", "Reduce"):
                     arrival.append(n.peer)
                 if n.flags & NCCL_F_IN_GROUP:

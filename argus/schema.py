@@ -1,0 +1,171 @@
+"""The per-rank, per-step summary every part after the agent works on (schema version 1).
+
+`RankStep` is the decoded form: what the aggregator, `top`, reports and exporters read. It is
+built by the agent from a probe step (`from_probe`), shipped compactly (argus.wire: msgpack), and
+rebuilt by readers. Times are nanoseconds; absolute times are CLOCK_REALTIME (the agent adds its
+measured monotonic→realtime offset), so ranks on different hosts are comparable within the clock
+sync uncertainty recorded in each summary.
+
+Phases: `timer<k>` are the GPU durations the process itself measured with cuEventElapsedTime,
+in the order it read them in the step (the same code on every rank reads them in the same order,
+so timer k is comparable across ranks); `host_wait` is the time the host blocked on the GPU and
+`host_other` the rest of the step. Named phases (forward, backward, ...) come from the Python
+channel when it is on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from argus.kde import Cluster, compress
+
+SCHEMA_VERSION = 1
+OPS: Tuple[str, ...] = ("AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter", "Send", "Recv")
+P2P = ("Send", "Recv")
+
+
+@dataclass
+class P2POp:
+    op: str  # Send | Recv
+    peer: int  # rank within the communicator
+    nbytes: int
+    arrive_ns: int  # realtime ns the host entered the call
+    host_ns: int  # host time inside the call (enqueue under normal NCCL)
+
+
+@dataclass
+class CommStep:
+    """One rank's collectives on one communicator during one step."""
+
+    comm: str  # 16 hex digits, the same on every rank of the communicator
+    nranks: int  # -1 when unknown
+    rank: int  # this rank's rank in the communicator, -1 when unknown
+    identity: str  # init | attach | split | handle
+    seqs: List[int] = field(default_factory=list)  # collective sequence numbers, ascending
+    ops: List[str] = field(default_factory=list)
+    nbytes: List[int] = field(default_factory=list)
+    arrive_ns: List[int] = field(default_factory=list)  # realtime ns of arrival at each collective
+    host_ns: List[int] = field(default_factory=list)
+    p2p: List[P2POp] = field(default_factory=list)
+    # host time per op class, compressed (the paper's KDE clusters)
+    host_clusters: Dict[str, List[Cluster]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+@dataclass
+class RankStep:
+    job: str
+    rank: int
+    host: str
+    pid: int
+    step: Optional[int]
+    start_ns: int  # realtime
+    duration_ns: int
+    local_rank: int = -1
+    world_size: int = -1
+    step_source: str = "nccl-seq"
+    clock_offset_ns: int = 0  # realtime - monotonic at the agent
+    clock_uncertainty_ns: int = 0
+    sync_count: int = 0
+    sync_wait_ns: int = 0
+    phases: Dict[str, int] = field(default_factory=dict)  # ns
+    launches: int = 0
+    kernels: Dict[str, int] = field(default_factory=dict)  # kernel name (or fn@0x..) -> launches
+    launch_api_ns: List[Cluster] = field(default_factory=list)  # host time of the launch call
+    memcpy: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # kind -> (count, bytes)
+    errors: Dict[str, Dict[int, int]] = field(default_factory=dict)  # call -> result -> count
+    comms: Dict[str, CommStep] = field(default_factory=dict)
+    drops: Dict[str, int] = field(default_factory=dict)
+    version: int = SCHEMA_VERSION
+
+    @property
+    def end_ns(self) -> int:
+        return self.start_ns + self.duration_ns
+
+
+def _clusters_from_log2_hist(hist: Dict[str, int]) -> List[Cluster]:
+    """Launch-call latency arrives as a log2 histogram (kept in BPF); summarise it like other groups."""
+    samples: List[float] = []
+    for k, v in hist.items():
+        lo = 2.0 ** int(k)
+        samples.extend([lo * 1.41421356] * int(v))  # bucket's geometric middle
+    return compress(samples) if samples else []
+
+
+def from_probe(d: dict) -> RankStep:
+    """Build a RankStep from one `argus probe --json` object (schema 1 of docs/probe.md)."""
+    off = int(d.get("wall_offset_ns", 0))
+    start = int(d["start_ns"]) + off
+    cuda = d.get("cuda", {})
+    phases: Dict[str, int] = {}
+    for i, t in enumerate(cuda.get("timers", [])):
+        phases[f"timer{i}"] = round(float(t["ms"]) * 1e6)
+    wait = int(cuda.get("sync", {}).get("wait_ns", 0))
+    phases["host_wait"] = wait
+    phases["host_other"] = max(0, int(d["duration_ns"]) - wait)
+    comms: Dict[str, CommStep] = {}
+    nccl = d.get("nccl", {})
+    info = nccl.get("comms", {})
+    for a in nccl.get("arrivals", []):
+        comm, seq, op, nbytes, enter, host = a[0], int(a[1]), a[2], int(a[3]), int(a[4]), int(a[5])
+        meta = info.get(comm, {})
+        c = comms.get(comm)
+        if c is None:
+            c = comms[comm] = CommStep(
+                comm,
+                int(meta.get("nranks", -1)),
+                int(meta.get("rank", -1)),
+                str(meta.get("identity", "handle")),
+            )
+        if op in P2P:
+            peer = int(a[6]) if len(a) > 6 and not isinstance(a[6], str) else -1
+            c.p2p.append(P2POp(op, peer, nbytes, enter + off, host))
+        else:
+            c.seqs.append(seq)
+            c.ops.append(op)
+            c.nbytes.append(nbytes)
+            c.arrive_ns.append(enter + off)
+            c.host_ns.append(host)
+    for c in comms.values():
+        order = sorted(range(len(c.seqs)), key=c.seqs.__getitem__)
+        c.seqs = [c.seqs[i] for i in order]
+        c.ops = [c.ops[i] for i in order]
+        c.nbytes = [c.nbytes[i] for i in order]
+        c.arrive_ns = [c.arrive_ns[i] for i in order]
+        c.host_ns = [c.host_ns[i] for i in order]
+        by_op: Dict[str, List[float]] = {}
+        for op, h in zip(c.ops, c.host_ns):
+            by_op.setdefault(op, []).append(float(h))
+        for p in c.p2p:
+            by_op.setdefault(p.op, []).append(float(p.host_ns))
+        c.host_clusters = {op: compress(v) for op, v in by_op.items()}
+    errors: Dict[str, Dict[int, int]] = {}
+    for section in ("cuda", "cudart", "nccl"):
+        for call, codes in d.get(section, {}).get("errors", {}).items():
+            errors[call] = {int(k): int(v) for k, v in codes.items()}
+    launches = cuda.get("launches", {})
+    return RankStep(
+        job=str(d["job"]),
+        rank=int(d["rank"]),
+        host=str(d["host"]),
+        pid=int(d["pid"]),
+        step=None if d.get("step") is None else int(d["step"]),
+        start_ns=start,
+        duration_ns=int(d["duration_ns"]),
+        local_rank=int(d.get("local_rank", -1)),
+        world_size=int(d.get("world_size", -1)),
+        step_source=str(d.get("step_source", "ordinal")),
+        clock_offset_ns=off,
+        sync_count=int(cuda.get("sync", {}).get("count", 0)),
+        sync_wait_ns=wait,
+        phases=phases,
+        launches=int(launches.get("total", 0)),
+        kernels={k: int(v) for k, v in launches.get("by_kernel", {}).items()},
+        launch_api_ns=_clusters_from_log2_hist(launches.get("api_ns_log2_hist", {})),
+        memcpy={k: (int(v["count"]), int(v["bytes"])) for k, v in cuda.get("memcpy", {}).items()},
+        errors=errors,
+        comms=comms,
+    )
