@@ -169,3 +169,32 @@ def from_probe(d: dict) -> RankStep:
         errors=errors,
         comms=comms,
     )
+
+
+@dataclass
+class InFlight:
+    """A call a rank entered and has not returned from (what a hung rank is blocked in)."""
+
+    rank: int
+    pid: int
+    call: str  # e.g. cuStreamSynchronize, ncclAllReduce
+    since_ns: int  # realtime ns of entry
+    comm: Optional[str] = None  # for NCCL calls: communicator id
+    seq: Optional[int] = None  # for NCCL collectives: sequence number
+
+
+@dataclass
+class Heartbeat:
+    """Sent by every agent every few seconds, steps or not: a hung job completes no step, so hang
+    diagnosis reads these (who is blocked in what since when; how far each rank got per comm)."""
+
+    job: str
+    agent: str  # host:pid of the agent
+    host: str
+    ts_ns: int  # realtime
+    ranks: Dict[int, int] = field(default_factory=dict)  # rank -> pid
+    inflight: List[InFlight] = field(default_factory=list)
+    last_seq: Dict[int, Dict[str, int]] = field(default_factory=dict)  # rank -> comm -> last seq entered
+    last_step: Dict[int, int] = field(default_factory=dict)  # rank -> last step emitted
+    drops: Dict[str, int] = field(default_factory=dict)
+    version: int = SCHEMA_VERSION

@@ -87,6 +87,8 @@ class RankTracker:
         self.split_counts: Counter = Counter()
         self.event_stream: Dict[int, int] = {}
         self.event_epoch: Dict[int, int] = {}
+        self.last_seq: Dict[str, int] = {}  # comm id -> last collective sequence number entered
+        self.last_step: Optional[int] = None
         self.detector = StepDetector(step_fn=step_fn)
         self.next_epoch = 0  # first epoch not yet given to the detector
         self.queue: List[int] = []  # epochs given to the detector, not yet cut into steps
@@ -114,6 +116,9 @@ class RankTracker:
             self.epoch(r.h.epoch).nccl.append(r)
             if r.comm and r.comm not in self.comms:
                 self._identify(r.comm)
+            if call_name(r.h.call) not in ("ncclSend", "ncclRecv") and r.comm in self.comms:
+                key = self.comms[r.comm].key
+                self.last_seq[key] = max(self.last_seq.get(key, -1), r.seq)
         elif isinstance(r, RecElapsed):
             # A timer belongs to the step whose GPU work it measures: the epoch its end event was
             # recorded in (frameworks read timers after the step's sync, or steps later).
@@ -255,6 +260,8 @@ class RankTracker:
         step, source = self._step_index(data)
         self.ordinal += 1
         self.steps_emitted += 1
+        if step is not None:
+            self.last_step = step
         det = self.detector.period
         return {
             "schema": SCHEMA,
