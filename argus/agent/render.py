@@ -44,6 +44,8 @@ class RankView:
     exited: bool = False
 
     def update(self, step: dict) -> None:
+        if step.get("step") is None:  # a tail record after exit: not a step
+            return
         self.steps += 1
         self.last = step
         self.durations.append(step["duration_ns"])
