@@ -43,11 +43,31 @@ def _register() -> None:
 
     cli.add_command(doctor_cmd)
     cli.add_command(sim_group)
+    from argus.tui.commands import export_prometheus_cmd, report_cmd
+    from argus.tui.top import top_cmd
+
+    cli.add_command(top_cmd)
+    cli.add_command(report_cmd)
+    cli.add_command(export_prometheus_cmd)
+    from argus.demo import demo_cmd
+
+    cli.add_command(demo_cmd)
+    from argus.replay import replay_cmd
+
+    cli.add_command(replay_cmd)
+    from argus.aggregator.cli import aggregate_cmd, alerts_cmd, diagnose_cmd
+
+    cli.add_command(diagnose_cmd)
+    cli.add_command(aggregate_cmd)
+    cli.add_command(alerts_cmd)
     try:
         from argus.agent.cli import probe_cmd
     except ImportError:  # the probe command is optional until its module exists
         return
     cli.add_command(probe_cmd)
+    from argus.agent.record import record_cmd
+
+    cli.add_command(record_cmd)
 
 
 _register()

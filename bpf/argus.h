@@ -144,4 +144,32 @@ static __always_inline void hist_add(u32 tgid, u16 kind, u64 epoch, u64 value) {
     else drop(DROP_AGG);
 }
 
+/* Python phase of native calls (bpf/python.bpf.c): py_native_hit decides and stashes, py_tail (at
+ * the end of the probe program) tail-calls the one program that walks. No-ops without the channel. */
+#ifdef ARGUS_PYTHON
+static __always_inline void py_native_hit(u32 call, u64 aux, u32 how);
+static __always_inline void py_tail(struct pt_regs *ctx);
+#else
+static __always_inline void py_native_hit(u32 call, u64 aux, u32 how) {}
+static __always_inline void py_tail(struct pt_regs *ctx) {}
+#endif
+
+/* `argus record`: one record per CUDA call, for the full-detail window; a no-op otherwise. */
+#ifdef ARGUS_RECORD
+static __always_inline void record_call(u32 call, u64 enter_ns, u64 arg, u64 stream) {
+    struct rec_call *r = records.ringbuf_reserve(sizeof(struct rec_call));
+    if (!r) {
+        drop(DROP_RINGBUF);
+        return;
+    }
+    fill_hdr(&r->h, REC_CALL, call, cur_epoch(cur_tgid()));
+    r->enter_ns = enter_ns ? enter_ns : r->h.ts;
+    r->arg = arg;
+    r->stream = stream;
+    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+}
+#else
+static __always_inline void record_call(u32 call, u64 enter_ns, u64 arg, u64 stream) {}
+#endif
+
 #endif

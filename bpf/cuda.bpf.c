@@ -14,18 +14,30 @@
 /* ---- kernel launches ---------------------------------------------------------------------- */
 
 BPF_HASH(launch_enter, u32, u64, 16384); /* tid -> entry time */
+#ifdef ARGUS_RECORD
+struct launch_rec {
+    u64 func;
+    u64 stream;
+};
+BPF_HASH(launch_recs, u32, struct launch_rec, 16384); /* tid -> (function, stream), record mode */
+#endif
 
-static __always_inline int launch_enter_common(u64 func) {
+static __always_inline int launch_enter_common(u32 call, u64 func, u64 stream) {
     u32 tgid = cur_tgid();
     if (!targets.lookup(&tgid)) return 0;
     struct launch_key k = {.tgid = tgid, .epoch = cur_epoch(tgid), .func = func};
     u64 zero = 0, *v = launches.lookup_or_try_init(&k, &zero);
     if (v) __sync_fetch_and_add(v, 1);
     else drop(DROP_AGG);
-#ifdef ARGUS_LAUNCH_LATENCY
+    py_native_hit(call, func, PY_HIT_LAUNCH);
+#if defined(ARGUS_LAUNCH_LATENCY) || defined(ARGUS_RECORD)
     u32 tid = cur_tid();
     u64 now = bpf_ktime_get_ns();
     launch_enter.update(&tid, &now);
+#endif
+#ifdef ARGUS_RECORD
+    struct launch_rec lr = {.func = func, .stream = stream};
+    launch_recs.update(&tid, &lr);
 #endif
     return 0;
 }
@@ -40,14 +52,41 @@ static __always_inline int launch_return_common(struct pt_regs *ctx, u32 call) {
     u64 *t0 = launch_enter.lookup(&tid);
     if (t0) hist_add(tgid, HIST_LAUNCH_NS, cur_epoch(tgid), bpf_ktime_get_ns() - *t0);
 #endif
+#ifdef ARGUS_RECORD
+    u32 rtid = cur_tid();
+    u64 *rt0 = launch_enter.lookup(&rtid);
+    struct launch_rec *lr = launch_recs.lookup(&rtid);
+    if (rt0 && lr) record_call(call, *rt0, lr->func, lr->stream);
+#endif
     return 0;
 }
 
-int cuLaunchKernel_entry(struct pt_regs *ctx) { return launch_enter_common(PT_REGS_PARM1(ctx)); }
+/* the stream of a launch, read only in record mode: cuLaunchKernel's 9th argument, or
+ * CUlaunchConfig.hStream (after seven 32-bit dimensions and padding) */
+static __always_inline u64 launch_stream(struct pt_regs *ctx, int ex) {
+#ifdef ARGUS_RECORD
+    if (!ex) return arg_n(ctx, 9);
+    u64 s = 0;
+    bpf_probe_read_user(&s, sizeof(s), (void *)(PT_REGS_PARM1(ctx) + 32));
+    return s;
+#else
+    return 0;
+#endif
+}
+
+int cuLaunchKernel_entry(struct pt_regs *ctx) {
+    int rc = launch_enter_common(CALL_cuLaunchKernel, PT_REGS_PARM1(ctx), launch_stream(ctx, 0));
+    py_tail(ctx);
+    return rc;
+}
 int cuLaunchKernel_return(struct pt_regs *ctx) { return launch_return_common(ctx, CALL_cuLaunchKernel); }
 
 /* cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, ...) */
-int cuLaunchKernelEx_entry(struct pt_regs *ctx) { return launch_enter_common(PT_REGS_PARM2(ctx)); }
+int cuLaunchKernelEx_entry(struct pt_regs *ctx) {
+    int rc = launch_enter_common(CALL_cuLaunchKernelEx, PT_REGS_PARM2(ctx), launch_stream(ctx, 1));
+    py_tail(ctx);
+    return rc;
+}
 int cuLaunchKernelEx_return(struct pt_regs *ctx) { return launch_return_common(ctx, CALL_cuLaunchKernelEx); }
 
 /* ---- host-blocking synchronisation ------------------------------------------------------------ */
@@ -60,6 +99,7 @@ static __always_inline int sync_enter(u32 call, u64 handle, u32 bytes_kind, u64 
     s.a[2] = bytes;
     save_scratch(CLASS_CUDA, &s);
     inflight_enter(CLASS_CUDA, call, s.enter_ns, handle, 0);
+    py_native_hit(call, handle, PY_HIT_ALWAYS);
     return 0;
 }
 
@@ -97,7 +137,11 @@ static __always_inline int sync_exit(struct pt_regs *ctx, u32 call) {
 }
 
 #define SYNC_PROBE(name, handle, kind, bytes)                                                    \
-    int name##_entry(struct pt_regs *ctx) { return sync_enter(CALL_##name, handle, kind, bytes); } \
+    int name##_entry(struct pt_regs *ctx) {                                                      \
+        int rc = sync_enter(CALL_##name, handle, kind, bytes);                                   \
+        py_tail(ctx);                                                                            \
+        return rc;                                                                               \
+    }                                                                                            \
     int name##_return(struct pt_regs *ctx) { return sync_exit(ctx, CALL_##name); }
 
 SYNC_PROBE(cuStreamSynchronize, PT_REGS_PARM1(ctx), ~0u, 0)
@@ -129,13 +173,21 @@ static __always_inline int result_only(struct pt_regs *ctx, u32 call) {
     u32 tgid = cur_tgid();
     if (!targets.lookup(&tgid)) return 0;
     count_error(tgid, call, (s32)PT_REGS_RC(ctx));
+    record_call(call, 0, 0, 0);
     return 0;
+}
+
+static __always_inline int copy_enter(u32 call, u32 kind, u64 bytes, u64 stream) {
+    u32 tgid = cur_tgid();
+    if (!targets.lookup(&tgid)) return 0;
+    record_call(call, 0, bytes, stream);
+    return mem_add(kind, bytes);
 }
 
 #define RESULT_PROBE(name) \
     int name##_return(struct pt_regs *ctx) { return result_only(ctx, CALL_##name); }
-#define COPY_PROBE(name, kind, bytes)                                               \
-    int name##_entry(struct pt_regs *ctx) { return mem_add(kind, bytes); } \
+#define COPY_PROBE(name, kind, bytes)                                                                  \
+    int name##_entry(struct pt_regs *ctx) { return copy_enter(CALL_##name, kind, bytes, PT_REGS_PARM4(ctx)); } \
     RESULT_PROBE(name)
 
 COPY_PROBE(cuMemcpyHtoDAsync_v2, MEM_HTOD, PT_REGS_PARM3(ctx))
@@ -211,6 +263,8 @@ int cuEventRecord_entry(struct pt_regs *ctx) {
     r->event = PT_REGS_PARM1(ctx);
     r->stream = PT_REGS_PARM2(ctx);
     records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    py_native_hit(CALL_cuEventRecord, PT_REGS_PARM1(ctx), PY_HIT_EVENT);
+    py_tail(ctx);
     return 0;
 }
 RESULT_PROBE(cuEventRecord)

@@ -12,6 +12,7 @@ static __always_inline int cudart_result(struct pt_regs *ctx, u32 call) {
     if (!targets.lookup(&tgid)) return 0;
     count_call(tgid, call, cur_epoch(tgid));
     count_error(tgid, call, (s32)PT_REGS_RC(ctx));
+    record_call(call, 0, 0, 0);
     return 0;
 }
 

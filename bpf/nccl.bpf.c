@@ -50,6 +50,7 @@ static __always_inline int nccl_enter(u32 call, u64 comm, u64 count, u64 dtype, 
     s.a[5] = (u64)peer;
     save_scratch(CLASS_NCCL, &s);
     inflight_enter(CLASS_NCCL, call, s.enter_ns, comm, seq);
+    py_native_hit(call, comm, PY_HIT_ALWAYS);
     return 0;
 }
 
@@ -84,7 +85,9 @@ static __always_inline int nccl_exit(struct pt_regs *ctx, u32 call) {
 
 #define NCCL_PROBE(name, count, dtype, redop, peer, comm, stream, dir)                               \
     int name##_entry(struct pt_regs *ctx) {                                                          \
-        return nccl_enter(CALL_##name, comm, count, dtype, redop, peer, stream, dir);                \
+        int rc = nccl_enter(CALL_##name, comm, count, dtype, redop, peer, stream, dir);              \
+        py_tail(ctx);                                                                                \
+        return rc;                                                                                   \
     }                                                                                                \
     int name##_return(struct pt_regs *ctx) { return nccl_exit(ctx, CALL_##name); }
 

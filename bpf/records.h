@@ -169,4 +169,134 @@ struct call_key {
     u64 epoch;
 };
 
+/* ---- Python, host and record-mode layouts (bpf/python.bpf.c, bpf/host.bpf.c) -------------------- */
+
+#define REC_PY_MARK 7   /* a Python stack walked at a native CUDA/NCCL call */
+#define REC_PY_SAMPLE 8 /* record mode: one on-CPU sample */
+#define REC_OFFCPU 9    /* record mode: one off-CPU span */
+#define REC_PY_CALL 10  /* precise mode: one call of a selected Python function, at its return */
+#define REC_CALL 11     /* record mode: one CUDA call (launch, copy, result-only call) */
+#define REC_GC 12       /* record mode: one garbage collection */
+
+#define PY_MAX_FRAMES 96
+#define PY_F_TRUNCATED 1
+
+#define PROF_ONCPU 0
+#define PROF_OFFCPU 1
+
+/* How native hits walk the Python stack (py_native_hit). */
+#define PY_HIT_ALWAYS 0 /* low-rate calls: syncs, collectives */
+#define PY_HIT_LAUNCH 1 /* high-rate calls: every ARGUS_PY_LAUNCH_EVERY-th per thread, and the first
+                           after an event record */
+#define PY_HIT_EVENT 2  /* cuEventRecord: always, and forces a walk at the thread's next launch */
+
+/* Where a USDT argument lives (parsed from the stapsdt note by user space). */
+struct usdt_arg {
+    u8 kind; /* USDT_ARG_* */
+    u8 reg;  /* word index into struct pt_regs */
+    u8 size; /* bytes, 1..8 */
+    u8 is_signed;
+    s32 offset; /* for USDT_ARG_MEM: reg + offset; for USDT_ARG_CONST: the value */
+};
+#define USDT_ARG_NONE 0
+#define USDT_ARG_REG 1
+#define USDT_ARG_MEM 2
+#define USDT_ARG_CONST 3
+
+/* Per target Python process, written by user space from the interpreter's offset table. */
+struct py_cfg {
+    u32 version;          /* major << 8 | minor */
+    u32 flags;
+    u32 off_tstate_frame; /* PyThreadState: the current frame, or the _PyCFrame pointer (3.11, 3.12) */
+    u32 off_cframe_frame; /* _PyCFrame.current_frame, or OFF_UNKNOWN */
+    u32 off_frame_code;   /* frame: code object (f_code, f_executable) */
+    u32 off_frame_back;   /* frame: the caller's frame (f_back, previous) */
+    u32 off_frame_owner;  /* frame: owner byte, OFF_UNKNOWN before 3.12 (no C-stack shim frames) */
+    u32 pad;
+    struct usdt_arg gc_start_gen; /* python:gc__start(int generation) */
+    struct usdt_arg gc_done_collected; /* python:gc__done(Py_ssize_t collected) */
+};
+
+/* A walked Python stack: code object addresses, innermost first. */
+struct py_stack {
+    u32 depth;
+    u32 flags; /* PY_F_* */
+    u64 code[PY_MAX_FRAMES];
+};
+
+/* On-CPU samples and off-CPU time per (thread, epoch, stack). Python keys use `stack`; host keys
+ * use `ustack`/`kstack` (ids in the stack-trace map, negative when unavailable). */
+struct prof_key {
+    u32 tgid;
+    u32 tid;
+    u64 epoch;
+    u64 stack;
+    s32 ustack;
+    s32 kstack;
+    u32 kind; /* PROF_* */
+    u32 pad;
+};
+
+struct prof_val {
+    u64 count;
+    u64 ns;
+};
+
+struct gc_key {
+    u32 tgid;
+    s32 gen;
+    u64 epoch;
+};
+
+struct gc_val {
+    u64 count;
+    u64 ns;
+    u64 max_ns;
+    s64 collected;
+};
+
+struct rec_py_mark {
+    struct rec_hdr h; /* call: the native call */
+    u64 stack;
+    u64 aux;    /* the event of cuEventRecord, the communicator of a collective, else 0 */
+    u32 weight; /* calls this walk stands for */
+    u32 pad;
+};
+
+struct rec_py_sample {
+    struct rec_hdr h;
+    u64 stack;
+    s32 ustack;
+    s32 kstack;
+};
+
+struct rec_offcpu {
+    struct rec_hdr h; /* ts: when the thread ran again */
+    u64 start_ns;
+    u64 stack;
+    s32 ustack;
+    s32 kstack;
+};
+
+struct rec_py_call {
+    struct rec_hdr h; /* ts: return */
+    u64 code;
+    u64 enter_ns;
+};
+
+struct rec_call {
+    struct rec_hdr h; /* ts: return (or entry for entry-only calls) */
+    u64 enter_ns;
+    u64 arg; /* CUfunction for launches, bytes for copies */
+    u64 stream;
+};
+
+struct rec_gc {
+    struct rec_hdr h;
+    u64 start_ns;
+    s64 collected;
+    s32 generation;
+    u32 pad;
+};
+
 #endif

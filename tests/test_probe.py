@@ -121,8 +121,8 @@ def test_pipeline_point_to_point_and_groups(tmp_path: Path) -> None:
 
 
 def test_agent_survives_a_target_exiting(tmp_path: Path) -> None:
-    short = SimJob(SimConfig(ranks=1, steps=150, preset="small", run_dir=str(tmp_path / "a"))).start()
-    long = SimJob(SimConfig(ranks=1, steps=500, preset="small", run_dir=str(tmp_path / "b"))).start()
+    short = SimJob(SimConfig(ranks=1, steps=300, preset="small", run_dir=str(tmp_path / "a"))).start()
+    long = SimJob(SimConfig(ranks=1, steps=900, preset="small", run_dir=str(tmp_path / "b"))).start()
     try:
         wait_steps(short, 1)
         wait_steps(long, 1)
@@ -142,7 +142,7 @@ def test_agent_survives_a_target_exiting(tmp_path: Path) -> None:
 
 
 def test_sigterm_detaches_cleanly_and_flushes(tmp_path: Path) -> None:
-    job = SimJob(SimConfig(ranks=2, steps=200, preset="small", run_dir=str(tmp_path))).start()
+    job = SimJob(SimConfig(ranks=2, steps=500, preset="small", run_dir=str(tmp_path))).start()
     try:
         wait_steps(job, 2)
         probe = ProbeProc(job.pids.values())

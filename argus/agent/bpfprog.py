@@ -20,6 +20,7 @@ from argus.errors import EnvironmentProblem, PermissionDenied
 from argus.probes.base import Channel, call_cflags
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
+EARLY_SOURCES = ("python.bpf.c", "host.bpf.c")
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,10 @@ class BpfOptions:
     launch_latency: bool = True
     ringbuf_pages: int = 256  # 1 MiB: ~4,000 NCCL records
     max_targets: int = 1024
+    python_hz: int = 49  # Python stack sampling (python channel)
+    host_hz: int = 19  # native stack sampling (host channel)
+    python_launch_every: int = 16  # walk the Python stack at every n-th kernel launch of a thread
+    record: bool = False  # `argus record`: a record per call, sample and off-CPU span
 
 
 def cflags(channels: Sequence[Channel], opts: BpfOptions) -> List[str]:
@@ -38,14 +43,28 @@ def cflags(channels: Sequence[Channel], opts: BpfOptions) -> List[str]:
     flags += [f"-D{c.macro}" for c in channels]
     if opts.launch_latency:
         flags.append("-DARGUS_LAUNCH_LATENCY")
+    names = {c.name for c in channels}
+    if "python" in names:
+        flags.append(f"-DARGUS_PY_PERIOD_NS={int(1e9 / opts.python_hz)}")
+        flags.append(f"-DARGUS_PY_LAUNCH_EVERY={max(1, opts.python_launch_every)}")
+    if "host" in names:
+        flags.append(f"-DARGUS_HOST_PERIOD_NS={int(1e9 / opts.host_hz)}")
+    if opts.record:
+        flags.append("-DARGUS_RECORD")
     return flags + call_cflags()
 
 
 def source(channels: Sequence[Channel]) -> str:
     """The compile unit. bcc only turns functions of the main file into programs, so the channel
     files are pasted in (with #line, so compiler errors name the real file and line)."""
+    srcs = [c.source for c in channels]
+    # the Python and host channels first: the native channels call into them (py_native_hit),
+    # and offcpu.bpf.c (sched_switch) serves both
+    early = [s for s in srcs if s in EARLY_SOURCES]
+    if early:
+        early.append("offcpu.bpf.c")
     parts = []
-    for name in ["argus.h", "steps.bpf.c", *[c.source for c in channels]]:
+    for name in ["argus.h", "steps.bpf.c", *early, *[s for s in srcs if s not in EARLY_SOURCES]]:
         parts.append(f'#line 1 "{BPF_DIR / name}"\n{(BPF_DIR / name).read_text()}')
     return "\n".join(parts)
 

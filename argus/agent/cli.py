@@ -8,12 +8,14 @@ import re
 import signal
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import click
 
-from argus.agent import bpfprog, identity
+from argus import redisconf
+from argus.agent import bpfprog, identity, pyopts
 from argus.agent import session as sess
+from argus.agent.redisout import RedisOut
 from argus.agent.render import RankView, render
 from argus.errors import ArgusError, NoSuchProcess, UsageError
 from argus.probes import libcuda, libcudart, libnccl
@@ -96,7 +98,23 @@ def find_candidates(match: Optional[str]) -> List[int]:
     "redis_url",
     metavar="URL",
     default=None,
-    help="Publish summaries to Redis (not yet: accepted and ignored).",
+    help="Also publish summaries and heartbeats to Redis: redis://HOST:PORT/DB, rediss://... (TLS) or "
+    "unix:///path. Credentials: ARGUS_REDIS_USERNAME, ARGUS_REDIS_PASSWORD or ARGUS_REDIS_PASSWORD_FILE "
+    "(never in the URL). See docs/schema.md.",
+)
+@click.option(
+    "--redis-buffer",
+    type=int,
+    default=10_000,
+    show_default=True,
+    help="Summaries kept in memory while Redis is down or slow (then the oldest are dropped, counted).",
+)
+@click.option(
+    "--redis-maxlen",
+    type=int,
+    default=100_000,
+    show_default=True,
+    help="Approximate cap of the job's Redis step stream (XADD MAXLEN ~).",
 )
 @click.option(
     "--ebpf", is_flag=True, help="Print the BPF program and compiler flags, then exit (no root needed)."
@@ -130,6 +148,7 @@ def find_candidates(match: Optional[str]) -> List[int]:
     show_default=True,
     help="Ring buffer size in 4 KiB pages (raise it if records are dropped).",
 )
+@pyopts.python_options
 def probe_cmd(
     pids: Tuple[int, ...],
     all_: bool,
@@ -138,6 +157,8 @@ def probe_cmd(
     duration: Optional[float],
     as_json: bool,
     redis_url: Optional[str],
+    redis_buffer: int,
+    redis_maxlen: int,
     ebpf: bool,
     job: Optional[str],
     rank: Optional[int],
@@ -148,6 +169,7 @@ def probe_cmd(
     no_nccl: bool,
     launch_latency: bool,
     ringbuf_pages: int,
+    **aux: Any,
 ) -> int:
     """Trace CUDA and NCCL activity of running training processes, per rank and per step.
 
@@ -160,13 +182,16 @@ def probe_cmd(
       sudo argus probe -p 4242                     # live table for one rank
       sudo argus probe -p 4242 -p 4243 -d 30s --json > steps.jsonl
       sudo argus probe --all --match train.py      # every rank on this host
+      sudo ARGUS_REDIS_PASSWORD_FILE=/etc/argus/redis.pw argus probe --all --redis redis://10.0.0.5:6379/0
       argus probe --ebpf                           # show the BPF program, no root
     """
     chosen = ((libcuda.CHANNEL, no_cuda), (libcudart.CHANNEL, no_cudart), (libnccl.CHANNEL, no_nccl))
     channels = [c for c, off in chosen if not off]
-    if not channels:
+    aux_channels, py_opts, bpf_extra = pyopts.from_cli(aux)  # Python, host (argus/agent/pyopts.py)
+    if not channels and not py_opts.python:
         raise UsageError("--no-cuda, --no-cudart and --no-nccl leave nothing to probe", "drop one of them")
-    opts = bpfprog.BpfOptions(launch_latency=launch_latency, ringbuf_pages=ringbuf_pages)
+    channels += aux_channels
+    opts = bpfprog.BpfOptions(launch_latency=launch_latency, ringbuf_pages=ringbuf_pages, **bpf_extra)
     if ebpf:
         click.echo(bpfprog.full_text(channels))
         click.echo(f"/* cflags: {' '.join(bpfprog.cflags(channels, opts))} */")
@@ -185,17 +210,28 @@ def probe_cmd(
     for pid in pids:
         if not os.path.exists(f"/proc/{pid}"):
             raise NoSuchProcess(f"no process with pid {pid}", "check the pid: ps -eo pid,cmd | grep -i train")
+    out = None
     if redis_url:
-        click.echo(
-            "note: --redis is accepted but publishing is not implemented yet; nothing is sent", err=True
-        )
-    return Prober(
-        channels, opts, list(pids), all_, match, interval, duration, as_json, job, rank, host, step_fn
-    ).run()
+        if redis_buffer < 1 or redis_maxlen < 1:
+            raise UsageError("--redis-buffer and --redis-maxlen must be >= 1", "e.g. --redis-buffer 1000")
+        conf = redisconf.parse(redis_url)  # a malformed URL is a usage error, before anything starts
+        for w in conf.warnings:
+            click.echo(f"warning: {w}", err=True)
+        out = RedisOut(conf, host, lambda m: click.echo(m, err=True), redis_buffer, redis_maxlen)
+    prober = Prober(
+        channels, opts, list(pids), all_, match, interval, duration, as_json, job, rank, host, step_fn, out
+    )
+    prober.py_opts = py_opts
+    prober.gpu_metrics = not aux.get("no_gpu_metrics")
+    return prober.run()
 
 
 class Prober:
     """The agent's main loop around a Session (kept out of the click function for readability)."""
+
+    py_opts: Optional[Any] = None  # argus.agent.pyagent.PyOptions (Python and host channels)
+    gpu_metrics: bool = False  # NVML channel (argus/gpu.py)
+    gpu: Optional[Any] = None
 
     def __init__(
         self,
@@ -211,8 +247,10 @@ class Prober:
         rank: Optional[int],
         host: Optional[str],
         step_fn: Optional[str],
+        redis_out: Optional[RedisOut] = None,
     ) -> None:
         self.channels, self.opts = channels, opts
+        self.redis = redis_out
         self.pids, self.all, self.match = pids, all_, match
         self.interval, self.duration, self.as_json = interval, duration, as_json
         self.job, self.rank, self.host, self.step_fn = job, rank, host, step_fn
@@ -242,7 +280,12 @@ class Prober:
         for pid in self.pids:  # fail before compiling when a pid is not a target
             sess.inspect(pid, self.channels)
         t0 = time.monotonic()
-        s = sess.Session(self.channels, self.opts, self.step_fn)
+        s = sess.Session(self.channels, self.opts, self.step_fn, py_opts=self.py_opts)
+        if self.gpu_metrics:
+            from argus.gpu import GpuMetrics
+
+            gpu = GpuMetrics(say=self._say)  # no NVML: one note, and the channel stays off
+            self.gpu = gpu if gpu.available else None
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stop", True))
         try:
             for pid in self.pids:
@@ -262,6 +305,8 @@ class Prober:
                 )
             for w in s.health.warnings:
                 self._say(f"warning: {w}")
+            if self.redis is not None:
+                self.redis.start()  # unreachable Redis: a warning from its thread, and retries
             return self._loop(s)
         except KeyboardInterrupt:
             return 0
@@ -284,6 +329,8 @@ class Prober:
             while not self.stop:
                 time.sleep(0.05)
                 s.consume()
+                if self.redis is not None:
+                    self.redis.tick(s)  # a heartbeat every 2 s, steps or not (a hung job has none)
                 now = time.monotonic()
                 if now < next_drain:
                     continue
@@ -313,11 +360,14 @@ class Prober:
             )
         s.consume()
         s.drain()
+        if self.gpu is not None:
+            self.gpu.sample()
         self._output(s.steps())
         if self.as_json:
             return
         header = f"argus probe — {len(self.views)} process(es) — interval {self.interval:g} s"
-        table = render(list(self.views.values()), s.health.drops, header, len(s.health.slow_probes))
+        footer = [self.redis.footer()] if self.redis is not None else []
+        table = render(list(self.views.values()), s.health.drops, header, len(s.health.slow_probes), footer)
         if live is not None:
             live.update(table)  # type: ignore[attr-defined]
         else:
@@ -327,21 +377,31 @@ class Prober:
 
     def _output(self, steps: List[dict]) -> None:
         for step in steps:
+            if self.gpu is not None and step.get("pid") is not None:
+                g = self.gpu.for_pid(step["pid"])
+                if g is not None:
+                    step["gpu"] = g
             v = self.views.get(step["pid"])
             if v is not None:
                 v.update(step)
             if self.as_json:
                 sys.stdout.write(json.dumps(step, separators=(",", ":")) + "\n")
         sys.stdout.flush()
+        if self.redis is not None:
+            self.redis.steps(steps)
 
     def _finish(self, s: sess.Session) -> None:
         try:
             s.consume()
+            if self.redis is not None:
+                self.redis.tick(s, force=True)  # the last heartbeat, while the targets are still known
             for pid in list(s.targets):
                 s.remove(pid)
             s.drain()
             self._output(s.steps())
             if s.health.drops:
                 self._say(f"dropped records: {s.health.drops} — raise --ringbuf-pages or lower --interval")
+            if self.redis is not None:
+                self._say(self.redis.close())
         finally:
             s.close(background=True)

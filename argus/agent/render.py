@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, List, Optional
+from typing import Deque, Dict, List, Optional, Sequence
 
 from rich.console import Group
 from rich.table import Table
@@ -74,7 +74,13 @@ def _errors(step: dict) -> str:
     return ", ".join(parts[:2]) + ("…" if len(parts) > 2 else "") if parts else "-"
 
 
-def render(views: List[RankView], drops: Dict[str, int], header: str, slow_probes: int = 0) -> Group:
+def render(
+    views: List[RankView],
+    drops: Dict[str, int],
+    header: str,
+    slow_probes: int = 0,
+    footer: Sequence[str] = (),
+) -> Group:
     t = Table(title=header, title_justify="left", expand=False)
     for col in (
         "rank",
@@ -131,6 +137,8 @@ def render(views: List[RankView], drops: Dict[str, int], header: str, slow_probe
         notes.append(
             Text(f"{slow_probes} probe(s) single-stepped (slow); see the startup warnings", style="yellow")
         )
+    for line in footer:
+        notes.append(Text(line, style="yellow" if "DISCONNECTED" in line else ""))
     notes.append(
         Text(
             "step time and host wait: median of the last 20 steps; collective bytes per step. "

@@ -9,22 +9,24 @@ targets: BPF programs only count and append; all work happens here, on the agent
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from argus.agent import bpfprog
+from argus.agent import bpfprog, clock
 from argus.agent.identity import Identity
 from argus.agent.tracker import STEP_MARKER, RankTracker
 from argus.errors import NotATarget, SymbolMissing
-from argus.probes import libcuda, libcudart, libnccl
+from argus.probes import cpython, libcuda, libcudart, libnccl
 from argus.probes.base import Channel, LibraryProbes, MappedLibrary, register_calls, resolve
 from argus.probes.elf import Elf
 from argus.probes.records import DROP_NAMES, DecodeError, TargetCfg, decode
 
 register_calls([STEP_MARKER])
+AUX_CHANNELS = ("python", "host")  # no uprobe specs of their own: argus/agent/pyagent.py
 ALL_CHANNELS: Tuple[Channel, ...] = (libcuda.CHANNEL, libcudart.CHANNEL, libnccl.CHANNEL)
 DETECT: Dict[str, Callable[[int], Optional[MappedLibrary]]] = {
     "cuda": libcuda.detect,
@@ -68,6 +70,7 @@ class Session:
         channels: Sequence[Channel] = ALL_CHANNELS,
         opts: Optional[bpfprog.BpfOptions] = None,
         step_fn: Optional[str] = None,
+        py_opts: Optional[Any] = None,
     ) -> None:
         self.channels = list(channels)
         self.opts = opts or bpfprog.BpfOptions()
@@ -79,6 +82,13 @@ class Session:
         self.bpf: Any = bpfprog.load(self.channels, self.opts)
         self.bpf["records"].open_ring_buffer(self._on_ring)
         self.started_ns = time.monotonic_ns()
+        self.py: Any = None  # the Python and host channels (argus/agent/pyagent.py)
+        names = {c.name for c in self.channels}
+        if names & set(AUX_CHANNELS):
+            from argus.agent.pyagent import PyAgent, PyOptions
+
+            po = dataclasses.replace(py_opts or PyOptions(), python="python" in names, host="host" in names)
+            self.py = PyAgent(self.bpf, po, self.health.warnings.append)
 
     # ---- targets -------------------------------------------------------------------------------------
 
@@ -100,6 +110,8 @@ class Session:
             step_fn=self.step_fn is not None,
         )
         t = Target(pid, identity, tracker, libs)
+        if self.py is not None:
+            self.py.add(pid, tracker.sections)
         # start counting epochs from where the process is (0 when new)
         key = ctypes.c_uint32(pid)
         epochs = self.bpf["epochs"]
@@ -130,6 +142,8 @@ class Session:
             del self.bpf["targets"][ctypes.c_uint32(pid)]
         except KeyError:
             pass
+        if self.py is not None:
+            self.py.remove(pid)
 
     def _attach(self, lp: LibraryProbes) -> None:
         ident = (lp.channel.name, lp.library.inode)
@@ -177,6 +191,8 @@ class Session:
         except DecodeError:
             self.health.decode_errors += 1
             return
+        if self.py is not None and self.py.on_record(rec):
+            return
         t = self.targets.get(rec.h.tgid)
         if t is not None:
             t.tracker.on_record(rec)
@@ -218,6 +234,8 @@ class Session:
             take("mem", lambda t, k, v: t.tracker.add_mem(k.epoch, k.kind, v.count, v.bytes))
         take("errors", lambda t, k, v: t.tracker.add_error(k.epoch, k.call, k.result, v.value))
         take("call_counts", lambda t, k, v: t.tracker.add_call(k.epoch, k.call, v.value))
+        if self.py is not None:
+            self.py.drain(final, {pid: t.final_before for pid, t in self.targets.items()})
         for pid, t in self.targets.items():
             t.final_before = max(t.final_before, final[pid])
         for i, name in DROP_NAMES.items():
@@ -227,7 +245,7 @@ class Session:
 
     def steps(self) -> List[dict]:
         """Complete steps of every target since the last call."""
-        wall = time.time_ns() - time.monotonic_ns()
+        wall, err = clock.wall_offset()
         out: List[dict] = []
         for t in self.targets.values():
             out.extend(t.tracker.finalize(t.final_before, wall))
@@ -236,6 +254,8 @@ class Session:
                 tail = t.tracker.flush_tail(wall)
                 if tail is not None:
                     out.append(tail)
+        for d in out:
+            d["wall_offset_err_ns"] = err
         return out
 
     def inflight(self) -> List[dict]:
@@ -273,6 +293,8 @@ class Session:
         8 s for 72 probes. With `background`, a forked child holds the last references and pays
         that after we are gone; the probes already do nothing (the targets map is cleared first).
         """
+        if self.py is not None:
+            self.py.close()  # USDT semaphores back to what they were
         try:
             self.bpf["targets"].clear()
         except Exception:  # the map may already be gone during shutdown
@@ -299,13 +321,19 @@ def inspect(pid: int, channels: Sequence[Channel] = ALL_CHANNELS) -> Dict[str, L
     """Which channels apply to `pid`, resolved; raises when none, or when a required symbol is missing."""
     found: Dict[str, LibraryProbes] = {}
     for ch in channels:
+        if ch.name in AUX_CHANNELS:
+            continue
         lib = DETECT[ch.name](pid)
         if lib is not None:
             found[ch.name] = resolve(ch, lib)
-    if not found:
+    # a supported Python process is a target of the Python channel even without CUDA;
+    # an unsupported one raises Unsupported here, before anything is compiled
+    python = any(ch.name == "python" for ch in channels) and cpython.inspect(pid) is not None
+    if not found and not python:
         raise NotATarget(
-            f"pid {pid} maps no libcuda, libcudart or libnccl: not a CUDA process (or not started yet)",
-            f"check: grep -E 'libcuda|libnccl' /proc/{pid}/maps; `--all` waits for processes to appear",
+            f"pid {pid} maps no libcuda, libcudart or libnccl and is not a Python process: nothing to probe",
+            f"check: grep -E 'libcuda|libnccl|python' /proc/{pid}/maps; "
+            "`--all` waits for processes to appear",
         )
     for lp in found.values():
         if lp.missing_required:

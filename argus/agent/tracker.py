@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from argus.agent.identity import Identity
 from argus.agent.steps import EpochSig, StepDetector
@@ -99,6 +99,9 @@ class RankTracker:
         self.records_seen = 0
         self.decode_errors = 0
         self.steps_emitted = 0
+        # extra per-step sections (python, host: argus/agent/pysection.py), each with
+        # epochs() and summarize(epochs, timers) -> Optional[dict]
+        self.sections: List[Any] = []
 
     def epoch(self, e: int) -> EpochData:
         d = self.epochs.get(e)
@@ -239,8 +242,9 @@ class RankTracker:
         """After the process exited: what was never part of a complete step (or of any step, when
         no period was found) as one record with step None and step_source "tail"."""
         rest = sorted(set(self.queue) | {e for e in self.epochs if e >= self.next_epoch})
+        rest = sorted(set(rest) | {e for sec in self.sections for e in sec.epochs() if e >= self.next_epoch})
         self.queue = []
-        if not any(e in self.epochs for e in rest):
+        if not any(e in self.epochs for e in rest) and not any(sec.epochs() for sec in self.sections):
             return None
         out = self.summarize(rest, wall_offset_ns)
         out["step"], out["step_source"] = None, "tail"
@@ -255,8 +259,14 @@ class RankTracker:
         data = [self.epochs.get(e) or EpochData() for e in epochs]
         start_sync = self.last_boundary_sync
         end_sync = data[-1].sync
-        end_ns = end_sync.h.ts if end_sync else 0
-        start_ns = start_sync.h.ts if start_sync else (data[0].sync.enter_ns if data[0].sync else end_ns)
+        # a tail (no closing sync): the last record seen stands in for the end
+        seen = [r.h.ts for d in data for r in (*d.nccl, *d.elapsed, *([d.sync] if d.sync else []))]
+        end_ns = end_sync.h.ts if end_sync else max(seen, default=0)
+        start_ns = (
+            start_sync.h.ts
+            if start_sync
+            else (data[0].sync.enter_ns if data[0].sync else min(seen, default=end_ns))
+        )
         step, source = self._step_index(data)
         self.ordinal += 1
         self.steps_emitted += 1
@@ -280,7 +290,17 @@ class RankTracker:
             "cuda": self._cuda(data),
             "cudart": self._cudart(data),
             "nccl": self._nccl(data),
+            **self._sections(epochs, data),
         }
+
+    def _sections(self, epochs: List[int], data: List[EpochData]) -> Dict[str, Any]:
+        timers = [el for d in data for el in d.elapsed]
+        out: Dict[str, Any] = {}
+        for sec in self.sections:
+            v = sec.summarize(epochs, timers)
+            if v is not None:
+                out[sec.name] = v
+        return out
 
     def _step_index(self, data: List[EpochData]) -> Tuple[int, str]:
         """A step number all ranks agree on: the first collective sequence number of the widest

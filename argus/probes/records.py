@@ -16,6 +16,16 @@ REC_EVENT_RECORD = 3
 REC_ELAPSED = 4
 REC_NCCL = 5
 REC_COMM_INIT = 6
+REC_PY_MARK = 7
+REC_PY_SAMPLE = 8
+REC_OFFCPU = 9
+REC_PY_CALL = 10
+REC_CALL = 11
+REC_GC = 12
+PY_MAX_FRAMES = 96
+PY_F_TRUNCATED = 1
+PROF_ONCPU, PROF_OFFCPU = 0, 1
+USDT_ARG_NONE, USDT_ARG_REG, USDT_ARG_MEM, USDT_ARG_CONST = 0, 1, 2, 3
 
 DROP_RINGBUF, DROP_AGG, DROP_SCRATCH = 0, 1, 2
 DROP_NAMES = {DROP_RINGBUF: "ringbuf", DROP_AGG: "aggregation map full", DROP_SCRATCH: "scratch map full"}
@@ -158,6 +168,102 @@ class Inflight(S):
     ]
 
 
+class UsdtArg(S):
+    _fields_ = [
+        ("kind", c_uint8),
+        ("reg", c_uint8),
+        ("size", c_uint8),
+        ("is_signed", c_uint8),
+        ("offset", c_int32),
+    ]
+
+
+class PyCfg(S):
+    _fields_ = [
+        ("version", c_uint32),
+        ("flags", c_uint32),
+        ("off_tstate_frame", c_uint32),
+        ("off_cframe_frame", c_uint32),
+        ("off_frame_code", c_uint32),
+        ("off_frame_back", c_uint32),
+        ("off_frame_owner", c_uint32),
+        ("pad", c_uint32),
+        ("gc_start_gen", UsdtArg),
+        ("gc_done_collected", UsdtArg),
+    ]
+
+
+class PyStack(S):
+    _fields_ = [("depth", c_uint32), ("flags", c_uint32), ("code", c_uint64 * PY_MAX_FRAMES)]
+
+
+class ProfKey(S):
+    _fields_ = [
+        ("tgid", c_uint32),
+        ("tid", c_uint32),
+        ("epoch", c_uint64),
+        ("stack", c_uint64),
+        ("ustack", c_int32),
+        ("kstack", c_int32),
+        ("kind", c_uint32),
+        ("pad", c_uint32),
+    ]
+
+
+class ProfVal(S):
+    _fields_ = [("count", c_uint64), ("ns", c_uint64)]
+
+
+class GcKey(S):
+    _fields_ = [("tgid", c_uint32), ("gen", c_int32), ("epoch", c_uint64)]
+
+
+class GcVal(S):
+    _fields_ = [("count", c_uint64), ("ns", c_uint64), ("max_ns", c_uint64), ("collected", c_int64)]
+
+
+class RecPyMark(S):
+    _fields_ = [
+        ("h", RecHdr),
+        ("stack", c_uint64),
+        ("aux", c_uint64),
+        ("weight", c_uint32),
+        ("pad", c_uint32),
+    ]
+
+
+class RecPySample(S):
+    _fields_ = [("h", RecHdr), ("stack", c_uint64), ("ustack", c_int32), ("kstack", c_int32)]
+
+
+class RecOffcpu(S):
+    _fields_ = [
+        ("h", RecHdr),
+        ("start_ns", c_uint64),
+        ("stack", c_uint64),
+        ("ustack", c_int32),
+        ("kstack", c_int32),
+    ]
+
+
+class RecPyCall(S):
+    _fields_ = [("h", RecHdr), ("code", c_uint64), ("enter_ns", c_uint64)]
+
+
+class RecCall(S):
+    _fields_ = [("h", RecHdr), ("enter_ns", c_uint64), ("arg", c_uint64), ("stream", c_uint64)]
+
+
+class RecGc(S):
+    _fields_ = [
+        ("h", RecHdr),
+        ("start_ns", c_uint64),
+        ("collected", c_int64),
+        ("generation", c_int32),
+        ("pad", c_uint32),
+    ]
+
+
 # C struct name -> mirror, for the layout test
 MIRRORS: Dict[str, Type[S]] = {
     "target_cfg": TargetCfg,
@@ -175,6 +281,19 @@ MIRRORS: Dict[str, Type[S]] = {
     "err_key": ErrKey,
     "call_key": CallKey,
     "inflight": Inflight,
+    "usdt_arg": UsdtArg,
+    "py_cfg": PyCfg,
+    "py_stack": PyStack,
+    "prof_key": ProfKey,
+    "prof_val": ProfVal,
+    "gc_key": GcKey,
+    "gc_val": GcVal,
+    "rec_py_mark": RecPyMark,
+    "rec_py_sample": RecPySample,
+    "rec_offcpu": RecOffcpu,
+    "rec_py_call": RecPyCall,
+    "rec_call": RecCall,
+    "rec_gc": RecGc,
 }
 
 _BY_KIND: Dict[int, Type[S]] = {
@@ -184,8 +303,27 @@ _BY_KIND: Dict[int, Type[S]] = {
     REC_ELAPSED: RecElapsed,
     REC_NCCL: RecNccl,
     REC_COMM_INIT: RecCommInit,
+    REC_PY_MARK: RecPyMark,
+    REC_PY_SAMPLE: RecPySample,
+    REC_OFFCPU: RecOffcpu,
+    REC_PY_CALL: RecPyCall,
+    REC_CALL: RecCall,
+    REC_GC: RecGc,
 }
-Record = Union[RecSync, RecFuncName, RecEventRecord, RecElapsed, RecNccl, RecCommInit]
+Record = Union[
+    RecSync,
+    RecFuncName,
+    RecEventRecord,
+    RecElapsed,
+    RecNccl,
+    RecCommInit,
+    RecPyMark,
+    RecPySample,
+    RecOffcpu,
+    RecPyCall,
+    RecCall,
+    RecGc,
+]
 
 
 class DecodeError(ValueError):

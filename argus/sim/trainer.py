@@ -337,10 +337,16 @@ class Trainer:
         self.log = StepLog()
         active = self.apply_faults(step)
         t0 = cu.now()
+        clock = time.perf_counter_ns
+        host: Dict[str, int] = {}  # host wall time per phase (truth for the Python channel)
+        h = clock()
         next(self.loader)
+        host["data"] = clock() - h
         stall = self.fault_at("host_stall", step)
         if stall is not None:
+            h = clock()
             KernelCompiler().compile(stall.seconds)
+            host["compile"] = clock() - h
         pause = self.fault_at("gc_pause", step)
         gc_s = 0.0
         if pause is not None:
@@ -354,13 +360,19 @@ class Trainer:
             self.pipeline_step()
         else:
             cu.record(ev["fwd_start"], self.compute)
+            h = clock()
             self.model.forward()
+            host["forward"] = clock() - h
             cu.record(ev["fwd_end"], self.compute)
             cu.record(ev["bwd_start"], self.compute)
+            h = clock()
             self.model.backward()
             self.finish_grad_sync()
+            host["backward"] = clock() - h
         cu.record(ev["opt_start"], self.compute)
+        h = clock()
         self.optimizer.step()
+        host["optimizer"] = clock() - h
         cu.record(ev["opt_end"], self.compute)
         cu.d2h_async(self.loss_ptr, 4, self.compute)  # loss.item()
         self.log.memcpy["DtoH"] += 4
@@ -391,6 +403,7 @@ class Trainer:
             "alloc_bytes": self.log.alloc_bytes,
             "free_bytes": self.log.free_bytes,
             "faults": active,
+            "host_phase_ns": host,
         }
         if gc_s:
             rec["gc_s"] = gc_s

@@ -1,0 +1,127 @@
+"""`argus probe --redis`: the agent's side of the transport (summaries, heartbeats, counters).
+
+Everything here runs on the probe loop's thread and costs CPU only: `argus.transport.Publisher`
+buffers and a background thread talks to Redis, so a down or slow Redis never stalls the loop
+(and the probed processes never wait for the agent in any case).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import time
+from typing import Callable, Dict, List, Optional
+
+from argus.agent import clock
+from argus.agent.session import Session
+from argus.probes import libnccl
+from argus.redisconf import RedisConf
+from argus.schema import OPS, P2P, Heartbeat, InFlight, from_probe
+from argus.transport import HB_INTERVAL_S, Publisher
+
+COLLECTIVES = frozenset(op for op in OPS if op not in P2P)
+
+
+def agent_id(host: Optional[str] = None) -> str:
+    """host:pid of this agent (the registry key)."""
+    return f"{host or socket.gethostname()}:{os.getpid()}"
+
+
+def heartbeats(s: Session, agent: str, host: str) -> List[Heartbeat]:
+    """One heartbeat per job among the live targets: in-flight calls (realtime since_ns), each
+    rank's last collective sequence number per communicator and last step, and agent health."""
+    wall, _ = clock.wall_offset()
+    now = time.time_ns()
+    synced, _est, maxerr = clock.sync_state()
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    health = {
+        "decode_errors": s.health.decode_errors,
+        "probes": s.health.attached,
+        "slow_probes": len(s.health.slow_probes),
+        "targets": sum(t.alive for t in s.targets.values()),
+        "cpu_ms": int((ru.ru_utime + ru.ru_stime) * 1000),
+        "rss_kb": int(ru.ru_maxrss),
+        "clock_synced": int(synced),
+        "clock_maxerror_us": maxerr,
+    }
+    out: Dict[str, Heartbeat] = {}
+    for pid, t in s.targets.items():
+        if not t.alive:
+            continue
+        hb = out.get(t.identity.job)
+        if hb is None:
+            hb = out[t.identity.job] = Heartbeat(
+                t.identity.job, agent, host, now, drops=dict(s.health.drops), health=dict(health)
+            )
+        r = t.identity.rank
+        hb.ranks[r] = pid
+        hb.last_seq[r] = dict(t.tracker.last_seq)
+        if t.tracker.last_step is not None:
+            hb.last_step[r] = t.tracker.last_step
+    for f in s.inflight():
+        tf = s.targets.get(f["pid"])
+        if tf is None or not tf.alive:
+            continue
+        comm: Optional[str] = None
+        seq: Optional[int] = None
+        if f["call"].startswith("nccl") and f["handle"]:
+            info = tf.tracker.comms.get(f["handle"])
+            comm = info.key if info is not None else f"{f['handle']:016x}"
+            if libnccl.OPS.get(f["call"]) in COLLECTIVES:
+                seq = int(f["seq"])
+        out[tf.identity.job].inflight.append(
+            InFlight(tf.identity.rank, f["pid"], f["call"], int(f["since_ns"]) + wall, comm, seq)
+        )
+    return list(out.values())
+
+
+class RedisOut:
+    """Publishes what the probe loop produces; `tick()` sends a heartbeat every 2 s."""
+
+    def __init__(
+        self,
+        conf: RedisConf,
+        host: Optional[str],
+        say: Callable[[str], None],
+        buffer_max: int = 10_000,
+        maxlen: int = 100_000,
+    ) -> None:
+        self.host = host or socket.gethostname()
+        self.agent = agent_id(self.host)
+        self.say = say
+        self.pub = Publisher(conf, self.agent, buffer_max=buffer_max, maxlen=maxlen, on_event=say)
+        self.next_hb = 0.0
+        self.convert_errors = 0
+
+    def start(self) -> RedisOut:
+        self.pub.start()
+        return self
+
+    def steps(self, steps: List[dict]) -> None:
+        for d in steps:
+            try:
+                rs = from_probe(d)
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                self.convert_errors += 1
+                if self.convert_errors == 1:
+                    self.say(f"redis: cannot convert a step of pid {d.get('pid')}: {type(e).__name__}: {e}")
+                continue
+            self.pub.publish_step(rs)
+
+    def tick(self, s: Session, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now < self.next_hb:
+            return
+        self.next_hb = now + HB_INTERVAL_S
+        for hb in heartbeats(s, self.agent, self.host):
+            hb.health["convert_errors"] = self.convert_errors
+            self.pub.publish_heartbeat(hb)
+
+    def footer(self) -> str:
+        return self.pub.summary()
+
+    def close(self) -> str:
+        self.pub.close()
+        extra = f", {self.convert_errors} step(s) not convertible" if self.convert_errors else ""
+        return self.pub.summary() + extra

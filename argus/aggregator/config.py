@@ -1,0 +1,134 @@
+"""Thresholds of the diagnosis levels, with the reasoning behind each default (docs/diagnosis.md).
+
+Every threshold is relative to something the job itself shows (its median step, its group's
+median phase time, the spread its ranks showed while healthy) with an absolute floor, so the same
+defaults hold for a 60 ms simulated step and a 2 s production step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Dict, List, Optional
+
+
+@dataclass
+class Thresholds:
+    # ---- alignment and memory ---------------------------------------------------------------------
+    #: rolling steps of history kept per job (per group and per rank); bounds memory
+    window: int = 64
+    #: a step is judged once every expected rank reported it, or once ranks reported `lag` later steps
+    lag_steps: int = 2
+    #: steps of a job seen before any level judges (noise baselines need history)
+    warmup_steps: int = 5
+
+    # ---- L1: iteration time -----------------------------------------------------------------------
+    #: spike: step time / median of the previous `spike_window` steps (the paper's "> 2x baseline")
+    spike_ratio: float = 2.0
+    spike_window: int = 16
+    #: ... and costs at least this much (ns): on a shared host, scheduling hiccups of tens of ms
+    #: double a 50 ms step and are not actionable
+    spike_min_ns: int = 100_000_000
+    #: regression (change point): mean after / mean before a split of the last `regress_window` steps
+    regress_ratio: float = 1.2
+    regress_window: int = 32
+    regress_min_segment: int = 3
+    #: ... and each segment's robust spread (MAD / median) must stay below this (a level shift, not noise)
+    regress_max_spread: float = 0.15
+    #: an L1 finding waits this many steps for a level that explains it (then it is folded in)
+    l1_hold_steps: int = 3
+
+    # ---- L2: lateness and phases --------------------------------------------------------------------
+    #: an outlier is more than `noise_k` x the group's own noise (99th percentile of |deviation| seen
+    #: while healthy) ...
+    noise_k: float = 1.5
+    #: ... and at least this fraction of the group's median ...
+    rel_min: float = 0.10
+    #: ... and at least this much in absolute terms (ns)
+    abs_min_ns: int = 1_000_000
+    #: host arrival lateness floor (ns): clock sync between hosts is ~1 ms at best
+    late_min_ns: int = 2_000_000
+    #: a rank is a straggler when flagged in `persist_k` of its last `persist_n` judged steps
+    persist_k: int = 3
+    persist_n: int = 4
+    #: smallest symmetric group in which a majority can name an outlier
+    min_group: int = 3
+    #: two p2p peers with the same extra time (within this fraction) in every phase they both grew in
+    #: point at the link between them, not at either rank
+    pair_equal_tol: float = 0.35
+
+    # ---- host stall -------------------------------------------------------------------------------
+    #: the rank's host reached its collectives this late: max(abs, rel x median step)
+    stall_min_ns: int = 50_000_000
+    stall_rel: float = 0.5
+    #: ... and its own host time (outside GPU waits) explains at least this share of the lateness
+    stall_host_share: float = 0.5
+
+    # ---- L3: distributions --------------------------------------------------------------------------
+    #: rank-vs-group comparison every `l3_every` steps over each rank's last `l3_window` values
+    l3_every: int = 4
+    l3_window: int = 16
+    #: W1(rank, group median distribution) / group median beyond the IQR fence and at least this
+    l3_rel: float = 0.05
+    l3_fence: float = 3.0
+    #: group-wide shift of a communication phase (no late rank): recent / baseline level
+    link_rel: float = 0.08
+    link_k: float = 4.0
+    link_persist: int = 3
+    link_baseline: int = 8
+
+    # ---- hang ---------------------------------------------------------------------------------------
+    #: blocked longer than max(hang_min_s, hang_steps x median step) in a sync or collective
+    hang_min_s: float = 60.0
+    hang_steps: float = 5.0
+
+    # ---- resolution -------------------------------------------------------------------------------
+    #: an alert whose condition was not seen for this many judged steps is resolved
+    resolve_after: int = 5
+
+    @classmethod
+    def from_pairs(cls, pairs: List[str]) -> Thresholds:
+        """Overrides as `name=value` strings (the CLI's `--set`)."""
+        t = cls()
+        known: Dict[str, type] = {f.name: type(getattr(t, f.name)) for f in fields(t)}
+        for p in pairs:
+            k, eq, v = p.partition("=")
+            k = k.strip()
+            if not eq or k not in known:
+                raise ValueError(f"unknown threshold '{k}' (known: {', '.join(sorted(known))})")
+            try:
+                setattr(t, k, known[k](float(v)) if known[k] is int else known[k](v))
+            except ValueError:
+                raise ValueError(f"threshold {k}: '{v}' is not a number") from None
+        return t
+
+
+@dataclass
+class PhaseInfo:
+    """How to read the `timer<k>` phases: names for the report and which ones time communication.
+
+    Roles come, in order, from `comm_phases` given here, from the phase's stream (a timer that ends
+    on another stream than most timers is on a side stream: NCCL's), else they stay unknown.
+    """
+
+    names: Dict[str, str]
+    comm_phases: Optional[List[str]] = None
+
+    @classmethod
+    def parse(cls, spec: Optional[str], comm: Optional[str] = None) -> PhaseInfo:
+        names: Dict[str, str] = {}
+        if spec:
+            for i, name in enumerate(x.strip() for x in spec.split(",")):
+                if name:
+                    names[f"timer{i}"] = name
+        comm_list = [c.strip() for c in comm.split(",") if c.strip()] if comm else None
+        if comm_list:  # accept names as well as timer<k>
+            rev = {v: k for k, v in names.items()}
+            comm_list = [rev.get(c, c) for c in comm_list]
+        return cls(names, comm_list)
+
+    def label(self, phase: str) -> str:
+        n = self.names.get(phase)
+        return f"{n} ({phase})" if n else phase
+
+    def short(self, phase: str) -> str:
+        return self.names.get(phase, phase)

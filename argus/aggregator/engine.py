@@ -1,0 +1,344 @@
+"""The diagnosis engine: feeds summaries and heartbeats to the levels as they arrive and emits alert
+transitions.
+
+Input is anything iterable of `RankStep` / `Heartbeat` (a `StepSource`): a list, a JSONL file of
+`argus probe --json` output (`JsonlSource`), or — once wired — the Redis reader. Per job, summaries
+are aligned per step (argus.aggregator.state) and each step is judged once, in order, by every level
+(L1, L2, host stall, L3); heartbeats are judged for hangs as they come. Work per step is linear in
+the ranks of the step (medians per group and per collective instance, no pairwise comparison), and
+the state kept per job is bounded by `Thresholds.window` steps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Protocol, Set, Tuple, Union
+
+from argus.aggregator import hoststall
+from argus.aggregator.alerts import Alert, AlertBook, Finding
+from argus.aggregator.config import PhaseInfo, Thresholds
+from argus.aggregator.explain import Explainer
+from argus.aggregator.hang import HangWatch
+from argus.aggregator.l1 import L1, L1Finding
+from argus.aggregator.l2 import HOST_PHASES, L2, name_culprits
+from argus.aggregator.l3 import L3
+from argus.aggregator.robust import median
+from argus.aggregator.state import Aligner, Frame, Groups
+from argus.errors import BadData
+from argus.schema import Heartbeat, InFlight, RankStep, from_probe
+
+Item = Union[RankStep, Heartbeat]
+STEP_KINDS = {
+    "straggler",
+    "pipeline_bubble",
+    "slow_link",
+    "host_stall",
+    "kernel_degradation",
+    "step_spike",
+    "step_regression",
+    "hang",
+}
+SPECIFIC = STEP_KINDS - {"step_spike", "step_regression"}
+
+
+class StepSource(Protocol):
+    """Where summaries come from: the Redis reader, a file, a list. Iteration yields items in arrival
+    order and ends when the source is exhausted (a live source simply never ends)."""
+
+    def __iter__(self) -> Iterator[Item]: ...
+
+
+class JsonlSource:
+    """`argus probe --json` lines (one RankStep each; `tail` records skipped), and heartbeat lines
+    (`{"heartbeat": {...}}`, the fields of argus.schema.Heartbeat)."""
+
+    def __init__(self, path: Union[str, Path]) -> None:
+        self.path = Path(path)
+        self.skipped = 0
+
+    def __iter__(self) -> Iterator[Item]:
+        with open(self.path) as f:
+            for n, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    d = json.loads(line)
+                    if "heartbeat" in d:
+                        yield heartbeat_from_json(d["heartbeat"])
+                    elif d.get("step") is None:
+                        self.skipped += 1
+                    else:
+                        yield from_probe(d)
+                except (ValueError, KeyError, TypeError) as e:
+                    raise BadData(
+                        f"{self.path}:{n}: not an argus probe summary ({type(e).__name__}: {e})",
+                        "give the output of `argus probe --json` (one JSON object per line)",
+                    ) from None
+
+
+def heartbeat_from_json(d: Dict[str, Any]) -> Heartbeat:
+    return Heartbeat(
+        job=str(d["job"]),
+        agent=str(d["agent"]),
+        host=str(d.get("host", "")),
+        ts_ns=int(d["ts_ns"]),
+        ranks={int(k): int(v) for k, v in d.get("ranks", {}).items()},
+        inflight=[InFlight(**f) for f in d.get("inflight", [])],
+        last_seq={int(r): {str(c): int(s) for c, s in m.items()} for r, m in d.get("last_seq", {}).items()},
+        last_step={int(k): int(v) for k, v in d.get("last_step", {}).items()},
+    )
+
+
+@dataclass
+class Stats:
+    rank_steps: int = 0
+    heartbeats: int = 0
+    steps_judged: int = 0
+    late_dropped: int = 0
+    l1_folded: int = 0
+
+
+@dataclass
+class JobDiag:
+    job: str
+    th: Thresholds
+    info: PhaseInfo
+    aligner: Aligner
+    groups: Groups
+    l1: L1
+    l2: L2
+    l3: L3
+    hang: HangWatch = field(default_factory=HangWatch)
+    hosts: Dict[int, str] = field(default_factory=dict)
+    judged: int = 0
+    last_step: int = -1
+    last_t_ns: int = 0
+    held: List[Tuple[L1Finding, int]] = field(default_factory=list)  # (finding, publish at judged count)
+    gpu: Dict[int, Dict[str, Any]] = field(default_factory=dict)
+    host_wait: Dict[str, Deque[Tuple[int, float]]] = field(default_factory=dict)  # group -> (step, median)
+    l1_log: Deque[L1Finding] = field(default_factory=lambda: deque(maxlen=256))  # for reports
+    first_step: int = -1
+    stall_since: Dict[int, Tuple[int, int]] = field(default_factory=dict)  # rank -> (first step, judged #)
+    colls: Deque[float] = field(default_factory=lambda: deque(maxlen=32))  # collectives per rank-step
+
+
+def _steps_spanned(d: JobDiag, ranks: Dict[int, RankStep]) -> float:
+    """How many training steps this summary spans: 1 normally; k when the probe missed k - 1 step
+    boundaries (its ranks issued k times the usual collectives), so L1 compares per-step times."""
+    n = median([sum(len(c.seqs) + len(c.p2p) for c in rs.comms.values()) for rs in ranks.values()])
+    typical = median(list(d.colls)) if d.colls else n
+    d.colls.append(n)
+    if typical <= 0 or n < 1.5 * typical:
+        return 1.0
+    return n / typical
+
+
+def _host_wait_ratio(hw: Deque[Tuple[int, float]], since: int) -> Dict[str, Any]:
+    before = [v for s, v in hw if s < since][-16:]
+    after = [v for s, v in hw if s >= since]
+    if not before or not after or median(before) <= 0:
+        return {}
+    return {
+        "host_wait_ms": round(median(after) / 1e6, 2),
+        "host_wait_ratio": round(median(after) / median(before), 2),
+    }
+
+
+class Engine:
+    def __init__(
+        self,
+        thresholds: Optional[Thresholds] = None,
+        phases: Optional[PhaseInfo] = None,
+        book: Optional[AlertBook] = None,
+    ) -> None:
+        self.th = thresholds or Thresholds()
+        self.info = phases or PhaseInfo({})
+        self.book = book or AlertBook(self.th.resolve_after)
+        self.jobs: Dict[str, JobDiag] = {}
+        self.stats = Stats()
+        self.transitions: List[Alert] = []
+
+    # ---- input ----------------------------------------------------------------------------------------
+
+    def _job(self, job: str) -> JobDiag:
+        d = self.jobs.get(job)
+        if d is None:
+            th = self.th
+            d = self.jobs[job] = JobDiag(
+                job,
+                th,
+                self.info,
+                Aligner(th.lag_steps, max_pending=th.window),
+                Groups(th.min_group),
+                L1(th),
+                L2(th, self.info),
+                L3(th),
+            )
+        return d
+
+    def add(self, item: Item) -> List[Alert]:
+        if isinstance(item, Heartbeat):
+            return self.add_heartbeat(item)
+        return self.add_step(item)
+
+    def add_step(self, rs: RankStep) -> List[Alert]:
+        self.stats.rank_steps += 1
+        d = self._job(rs.job)
+        d.hosts[rs.rank] = rs.host  # the rank's own host wins over its agent's (heartbeats come first)
+        before = d.aligner.late
+        d.aligner.add(rs)
+        if d.aligner.late != before:
+            self.stats.late_dropped += 1
+            return []
+        d.groups.observe(rs)
+        out: List[Alert] = []
+        for frame in d.aligner.ready():
+            out += self._judge(d, frame)
+        return out
+
+    def add_heartbeat(self, hb: Heartbeat) -> List[Alert]:
+        self.stats.heartbeats += 1
+        d = self._job(hb.job)
+        for r in hb.ranks:
+            d.hosts.setdefault(r, hb.host)
+        d.hang.add(hb)
+        base = d.l1.median_step()
+        threshold = max(self.th.hang_min_s, self.th.hang_steps * base / 1e9)
+        members = {g.comm: set(g.members) for g in d.groups.by_comm.values()}
+        h = d.hang.judge(threshold, members)
+        ex = Explainer(d.job, d.groups, self.info, d.hosts)
+        findings = [ex.hang(h, d.last_step if d.last_step >= 0 else None)] if h else []
+        return self._publish(d, d.hang.now_ns(), findings, {"hang"}, resolve_after=2)
+
+    def add_gpu(self, job: str, rank: int, metrics: Dict[str, Any]) -> None:
+        """NVML evidence for a rank (throttle reasons, XID, link errors); attached to its alerts."""
+        self._job(job).gpu[rank] = dict(metrics)
+
+    def flush(self) -> List[Alert]:
+        """Judge every pending step (end of a finite source)."""
+        out: List[Alert] = []
+        for d in self.jobs.values():
+            for frame in d.aligner.ready(flush=True):
+                out += self._judge(d, frame)
+        return out
+
+    def run(self, source: Iterable[Item]) -> List[Alert]:
+        out: List[Alert] = []
+        for item in source:
+            out += self.add(item)
+        out += self.flush()
+        return out
+
+    # ---- judging one step -------------------------------------------------------------------------------
+
+    def _judge(self, d: JobDiag, frame: Frame) -> List[Alert]:
+        th = self.th
+        ranks = frame.ranks
+        if not ranks:
+            return []
+        self.stats.steps_judged += 1
+        d.judged += 1
+        d.last_step = frame.step
+        if d.first_step < 0:
+            d.first_step = frame.step
+        t_ns = max(rs.end_ns for rs in ranks.values())
+        d.last_t_ns = t_ns
+        step_ns = median([rs.duration_ns for rs in ranks.values()])
+        base_ns = d.l1.median_step() or step_ns
+        judge = d.judged > th.warmup_steps
+        ex = Explainer(d.job, d.groups, self.info, d.hosts)
+        findings: List[Finding] = []
+
+        # L2 (and host stalls, which take their ranks out of the straggler count)
+        flags = d.l2.measure(frame.step, ranks, d.groups, base_ns, judge)
+        stalls = hoststall.detect(ranks, flags, step_ns, base_ns, th) if judge else []
+        d.l2.remember(flags)
+        for s in stalls:
+            r = s["rank"]
+            since = d.stall_since.get(r)
+            if since is None or since[1] < d.judged - th.resolve_after:
+                since = (frame.step, d.judged)
+            d.stall_since[r] = (since[0], d.judged)
+            findings.append(ex.stall(r, s["evidence"], since[0], frame.step))
+        cands = d.l2.persistent() if judge else set()
+        named: Set[int] = set()
+        flagged_now = {r for r, f in flags.items() if f.flagged} if judge else set()
+        for c in name_culprits(cands, flagged_now, d.l2, d.groups, th):
+            findings.append(ex.culprit(c, d.l2, flags, frame.step, th.window))
+            named |= set(c.ranks) | set(c.victims)
+
+        # L3: group vs own past every step, rank vs group every `l3_every` steps
+        named_or_flagged = named | {r for r, f in flags.items() if f.flagged or f.stall} | cands
+        for key, members in d.l2.members.items():
+            if len(members) < th.min_group:
+                continue
+            rsl = [ranks[r] for r in members]
+            roles = dict(d.l2.roles.get(key, {}))
+            quiet = not (set(members) & (named | cands))  # a one-step noise flag does not veto
+            hw = d.host_wait.get(key)
+            if hw is None:
+                hw = d.host_wait[key] = deque(maxlen=th.window)
+            hw.append((frame.step, median([rs.phases.get("host_wait", 0) for rs in rsl])))
+            for sh in d.l3.group_shift(frame.step, key, rsl, roles, quiet):
+                if judge:
+                    findings.append(ex.shift(sh, sorted(members), frame.step, _host_wait_ratio(hw, sh.since)))
+            phases = sorted(p for p in rsl[0].phases if p not in HOST_PHASES and roles.get(p) != "comm")
+            d.l3.push(key, rsl, phases)
+            if judge and d.judged % th.l3_every == 0:
+                for dr in d.l3.rank_drift(key, members):
+                    if dr.rank not in named_or_flagged:
+                        findings.append(ex.drift(dr, frame.step, th.l3_window))
+
+        # L1: held until a level explains it, else published alone
+        for f in d.l1.observe(frame.step, step_ns / _steps_spanned(d, ranks)):
+            if judge:
+                d.held.append((f, d.judged + th.l1_hold_steps))
+                d.l1_log.append(f)
+        findings += self._release_l1(d, findings, ex)
+        self._attach_gpu(d, findings)
+        return self._publish(d, t_ns, findings, STEP_KINDS)
+
+    def _release_l1(self, d: JobDiag, findings: List[Finding], ex: Explainer) -> List[Finding]:
+        explained = any(f.kind in SPECIFIC for f in findings) or any(
+            a.kind in SPECIFIC for a in self.book.firing(d.job)
+        )
+        keep: List[Tuple[L1Finding, int]] = []
+        out: List[Finding] = []
+        for f, due in d.held:
+            if explained:
+                self.stats.l1_folded += 1
+            elif d.judged >= due:
+                out.append(ex.l1(f))
+            else:
+                keep.append((f, due))
+        d.held = keep
+        return out
+
+    def _attach_gpu(self, d: JobDiag, findings: List[Finding]) -> None:
+        if not d.gpu:
+            return
+        for f in findings:
+            g = {r: d.gpu[r] for r in f.ranks if r in d.gpu}
+            if g:
+                f.evidence["gpu"] = g
+
+    def _publish(
+        self,
+        d: JobDiag,
+        t_ns: int,
+        findings: List[Finding],
+        evaluated: Set[str],
+        resolve_after: Optional[int] = None,
+    ) -> List[Alert]:
+        out = self.book.update(d.job, t_ns, findings, d.hosts, evaluated, resolve_after)
+        self.transitions += out
+        return out
+
+    # ---- queries ------------------------------------------------------------------------------------
+
+    def alerts(self, job: Optional[str] = None) -> List[Alert]:
+        return sorted(self.book.all(job), key=lambda a: (a.first_seen, a.id))

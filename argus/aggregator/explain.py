@@ -1,0 +1,267 @@
+"""Turn what the levels measured into findings: the numbers that convinced them, and one sentence a
+person on call can act on."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from argus.aggregator.alerts import Finding
+from argus.aggregator.config import PhaseInfo
+from argus.aggregator.hang import HangFinding
+from argus.aggregator.l1 import L1Finding
+from argus.aggregator.l2 import L2, Culprit, RankFlag
+from argus.aggregator.l3 import Drift, Shift
+from argus.aggregator.robust import median
+from argus.aggregator.state import JOB_GROUP, Groups
+
+
+def ranks_text(ranks: List[int]) -> str:
+    """[0,1,2,3,5] -> '0–3, 5'."""
+    rs = sorted(set(ranks))
+    parts: List[str] = []
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        parts.append(str(rs[i]) if i == j else f"{rs[i]}–{rs[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def _ms(ns: float) -> str:
+    v = ns / 1e6
+    return f"{v:.0f} ms" if abs(v) >= 10 else f"{v:.1f} ms"
+
+
+def _x(r: float) -> str:
+    return f"{r:.2f}×"
+
+
+class Explainer:
+    def __init__(self, job: str, groups: Groups, info: PhaseInfo, hosts: Dict[int, str]) -> None:
+        self.job = job
+        self.groups = groups
+        self.info = info
+        self.hosts = hosts
+
+    def who(self, r: int) -> str:
+        h = self.hosts.get(r)
+        return f"rank {r} (host {h})" if h else f"rank {r}"
+
+    def _group(self, key: str) -> Dict[str, Any]:
+        g = self.groups.by_comm.get(key)
+        if key == JOB_GROUP or g is None:
+            return {"comm": None, "op": None, "size": None}
+        return {"comm": key, "op": g.main_op, "size": len(g.members)}
+
+    # ---- L2 ---------------------------------------------------------------------------------------
+
+    def culprit(self, c: Culprit, l2: L2, flags: Dict[int, RankFlag], step: int, window: int) -> Finding:
+        if c.kind == "slow_link":
+            return self._pair(c, l2, step, window)
+        r = c.ranks[0]
+        eps = l2.episode(r, window)
+        first = eps[0].step if eps else step
+        summ = l2.phase_summary(r, window)
+        f = flags.get(r)
+        key = f.group if f else JOB_GROUP
+        grp = self._group(key)
+        members = l2.members.get(key, [])
+        high = sorted(((p, v) for p, v in summ.items() if not p.endswith(":low")), key=lambda x: -x[1][1])
+        low = [(p[:-4], v) for p, v in summ.items() if p.endswith(":low")]
+        late = [e for e in eps if e.late]
+        inst = sum(e.late_n for e in eps)
+        last = sum(e.late_last for e in eps)
+        gpu_last = sum(1 for e in eps if any(e.gpu_last.values()))
+        ev: Dict[str, Any] = {
+            "group": grp["comm"],
+            "group_size": len(members),
+            "steps_flagged": len(eps),
+            "phases": {
+                p: {"ratio": round(v[0], 3), "extra_ms": round(v[1] / 1e6, 2), "steps": v[2]} for p, v in high
+            },
+            "waited_for": {
+                p: {"ratio": round(v[0], 3), "peers_waited_ms": round(v[1] / 1e6, 2), "steps": v[2]}
+                for p, v in low
+            },
+            "host_late_steps": len(late),
+            "host_late_median_ms": round(median([e.late_ns for e in late]) / 1e6, 2) if late else 0.0,
+            "arrived_last": {"instances": inst, "last": last},
+            "gpu_reached_last_steps": gpu_last,
+            "victims": c.victims,
+            "symptoms": sorted(x for x in members if x != r),
+        }
+        parts: List[str] = []
+        if late:
+            frac = last / inst if inst else 0.0
+            parts.append(
+                f"arrived last at {frac:.0%} of its collectives, {_ms(ev['host_late_median_ms'] * 1e6)} "
+                "late on median"
+            )
+        if high:
+            txt = ", ".join(f"{self.info.label(p)} {_x(v[0])} (+{_ms(v[1])})" for p, v in high[:2])
+            parts.append(f"its {txt} of its peers'")
+        if low:
+            p, v = low[0]
+            parts.append(
+                f"its GPU reached the collectives last in {gpu_last} of {len(eps)} steps "
+                f"(its {self.info.label(p)} is {_x(v[0])} its peers': they waited {_ms(v[1])} for it)"
+            )
+        where = f"its {self.groups.describe(key)}" if key != JOB_GROUP else "the job"
+        if c.kind == "pipeline_bubble":
+            vict = c.victims
+            vtxt = ", ".join(f"rank {x}" for x in vict)
+            tail = (
+                f"; its pipeline peer{'s' if len(vict) > 1 else ''} {vtxt} "
+                f"wait{'' if len(vict) > 1 else 's'} for it in Recv "
+                "(their own phases grew by the same time: symptoms, not causes)"
+            )
+            head = f"{self.who(r)} amplifies pipeline bubbles in steps {first}–{step}"
+        else:
+            n = max(len(members) - 1, 0)
+            tail = f"; the other {n} ranks' collective waits are symptoms, not causes" if n else ""
+            head = f"{self.who(r)} is the straggler of {where} in steps {first}–{step}"
+        summary = head + ": " + "; ".join(parts or ["it was the outlier of its group"]) + tail
+        return Finding(c.kind, [r], (first, step), summary, ev, grp["comm"], grp["op"])
+
+    def _pair(self, c: Culprit, l2: L2, step: int, window: int) -> Finding:
+        a, b = c.ranks
+        sa, sb = l2.phase_summary(a, window), l2.phase_summary(b, window)
+        eps = l2.episode(a, window)
+        first = eps[0].step if eps else step
+        phases = sorted(p for p in sa if not p.endswith(":low"))
+        ev = {
+            "pair": [a, b],
+            "link_comm": c.link,
+            "extra_ms": {p: [round(sa[p][1] / 1e6, 2), round(sb[p][1] / 1e6, 2)] for p in phases if p in sb},
+            "ratios": {p: [round(sa[p][0], 3), round(sb[p][0], 3)] for p in phases if p in sb},
+            "attribution": "pair (both ends grew by the same time in every phase either grew in)",
+        }
+        grown = ", ".join(
+            f"{self.info.short(p)} +{_ms(sa[p][1])}/+{_ms(sb[p][1])}" for p in phases if p in sb
+        )
+        what = self.groups.describe(c.link) if c.link else "link"
+        summary = (
+            f"the link between {self.who(a)} and {self.who(b)} ({what}) is slow in steps {first}–{step}: "
+            f"both ends grew by the same time ({grown}) while their peers did not — the transfers "
+            "between them got slower; a slow rank would grow more than the peer that waits for it"
+        )
+        return Finding("slow_link", [a, b], (first, step), summary, ev, c.link, None)
+
+    def stall(self, r: int, ev: Dict[str, Any], first: int, step: int) -> Finding:
+        gap = ev.get("gap")
+        when = f"step {step}" if first == step else f"steps {first}–{step}"
+        summary = (
+            f"{self.who(r)} stalled on the host in {when}: it reached its collectives "
+            f"{ev['late_ms']:.0f} ms after its peers ({gap}); its host time outside GPU waits was "
+            f"{ev['host_other_ms']:.0f} ms vs {ev['peers_host_other_ms']} ms on its peers, and its "
+            f"{ev['launches']} kernel launches were spread over a {ev['step_ms']:.0f} ms step "
+            f"({ev['launches_per_ms']}/ms vs {ev['normal_launches_per_ms']}/ms normally): its GPU sat idle "
+            f"while every other rank waited (baseline step {ev['baseline_step_ms']:.0f} ms). "
+            "Data loading, JIT compilation or GC: host stacks would tell which"
+        )
+        return Finding("host_stall", [r], (first, step), summary, ev)
+
+    # ---- L3 ---------------------------------------------------------------------------------------
+
+    def shift(self, s: Shift, members: List[int], step: int, extra: Dict[str, Any]) -> Finding:
+        grp = self._group(s.group)
+        label = self.info.label(s.phase)
+        ev: Dict[str, Any] = {
+            "phase": s.phase,
+            "role": s.role,
+            "ratio": round(s.ratio, 3),
+            "baseline_ms": round(s.baseline_ns / 1e6, 2),
+            "level_ms": round(s.level_ns / 1e6, 2),
+            "w1_rel": round(s.w1_rel, 3),
+            "late_ranks": 0,
+            **extra,
+        }
+        where = self.groups.describe(s.group)
+        if s.role == "comm":
+            ev["pair"] = None
+            ev["attribution"] = (
+                "group only: a ring collective completes at the same time on every rank, so per-rank "
+                "timings cannot tell which link of the group is slow"
+            )
+            summary = (
+                f"the collectives of the {where} (ranks {ranks_text(members)}) are slower since step "
+                f"{s.since} with no late rank: the fastest rank's {label} — the collective's own time — "
+                f"is {_x(s.ratio)} its baseline ({_ms(s.baseline_ns)} → {_ms(s.level_ns)})"
+                + (f"; host sync wait {_x(extra['host_wait_ratio'])}" if extra.get("host_wait_ratio") else "")
+                + ". A slow link or NIC inside this group; which pair cannot be told from per-rank timings "
+                "of a ring collective: run nccl-tests between pairs of these ranks' hosts"
+            )
+            return Finding("slow_link", members, (s.since, step), summary, ev, grp["comm"], grp["op"])
+        note = "" if s.role == "main" else " (if this timer measures communication, this is a slow link)"
+        summary = (
+            f"{label} of every rank of the {where} (ranks {ranks_text(members)}) is {_x(s.ratio)} its "
+            f"baseline since step {s.since} ({_ms(s.baseline_ns)} → {_ms(s.level_ns)}), with no outlier "
+            f"rank{note}"
+        )
+        return Finding("kernel_degradation", members, (s.since, step), summary, ev, grp["comm"], grp["op"])
+
+    def drift(self, d: Drift, step: int, window: int) -> Finding:
+        ev = {
+            "phase": d.phase,
+            "w1_rel": round(d.score, 4),
+            "fence": round(d.fence, 4),
+            "rank_median_ms": round(d.rank_median_ns / 1e6, 2),
+            "group_median_ms": round(d.group_median_ns / 1e6, 2),
+            "window_steps": window,
+        }
+        summary = (
+            f"{self.who(d.rank)}'s {self.info.label(d.phase)} drifted away from its "
+            f"{self.groups.describe(d.group)} over the last {window} steps without spiking: median "
+            f"{_ms(d.rank_median_ns)} vs {_ms(d.group_median_ns)} (W1 {d.score:.1%} of the group median, "
+            f"fence {d.fence:.1%})"
+        )
+        return Finding("kernel_degradation", [d.rank], (step - window + 1, step), summary, ev)
+
+    # ---- hang and L1 -------------------------------------------------------------------------------
+
+    def hang(self, h: HangFinding, step: Optional[int]) -> Finding:
+        ev = dict(h.evidence)
+        ev["comm"] = h.comm
+        ev["seq"] = h.seq
+        ev["blocked"] = {r: h.blocked[r] for r in sorted(h.blocked)}
+        nb = len(h.blocked)
+        calls = "/".join(ev["calls"])
+        if h.comm is not None:
+            summary = (
+                f"hang: {nb} rank(s) blocked in {calls} for up to {ev['longest_blocked_s']:.1f} s while "
+                f"{', '.join(self.who(r) for r in h.missing)} never reached collective {h.seq} of "
+                f"{self.groups.describe(h.comm)} (its last was {h.seq - 1 if h.seq is not None else '?'})"
+            )
+        elif h.missing:
+            summary = (
+                f"hang: {nb} rank(s) blocked in {calls} for up to {ev['longest_blocked_s']:.1f} s; "
+                f"{', '.join(self.who(r) for r in h.missing)} are not blocked in any call: look at them first"
+            )
+        else:
+            summary = (
+                f"hang: {nb} rank(s) blocked in {calls} for up to {ev['longest_blocked_s']:.1f} s and "
+                "no rank is behind: one entered and never left (dead GPU, wedged kernel)"
+            )
+        ranks = h.missing or sorted(h.blocked)
+        s = step if step is not None else -1
+        return Finding("hang", ranks, (s, s), summary, ev, h.comm, None)
+
+    def l1(self, f: L1Finding) -> Finding:
+        ev = {
+            "ratio": round(f.ratio, 3),
+            "baseline_ms": round(f.baseline_ns / 1e6, 2),
+            "level_ms": round(f.level_ns / 1e6, 2),
+        }
+        if f.kind == "step_spike":
+            summary = (
+                f"step {f.first} took {_ms(f.level_ns)}, {_x(f.ratio)} the recent median "
+                f"({_ms(f.baseline_ns)}); no rank, phase or link explains it"
+            )
+        else:
+            summary = (
+                f"step time regressed from {_ms(f.baseline_ns)} to {_ms(f.level_ns)} ({_x(f.ratio)}) at step "
+                f"{f.first}; no rank, phase or link explains it"
+            )
+        return Finding(f.kind, [], (f.first, f.last), summary, ev)

@@ -1,0 +1,418 @@
+"""L2 — ranks and phases: who the others wait for, and which of its phases is slow.
+
+Per judged step, two measurements per rank, both relative to the rank's peers:
+
+* **host arrival lateness**: for every collective instance (communicator, sequence number) the
+  arrival of each member minus the members' median; a rank's lateness in a step is the median over
+  its instances, and the rank that arrives last at an instance is counted. Under asynchronous NCCL
+  the host runs ahead of the GPU, so this names *host-side* stragglers (stalls, slow data loading);
+  under blocking communication it names every straggler.
+* **phase outliers within the symmetric group** (argus.aggregator.state): for every GPU timing the
+  ranks harvest (`timer<k>`, named phases), the deviation from the group's median, judged against
+  the group's own healthy spread (noise), a relative floor and an absolute floor. A phase that runs
+  on the communication stream *absorbs waits*: the rank everyone waits for shows there as the
+  *lowest* value (it waited least), its victims as the majority — so a low outlier in a
+  communication phase is GPU-side lateness, and a high one is a symptom and never blamed.
+
+Naming: a rank flagged (late host arrival, a high non-communication phase, or a low communication
+phase) in `persist_k` of its last `persist_n` steps is a straggler. Victims are the majority of the
+group, so they are never outliers. Across a pipeline link the victim *is* an outlier in its own
+group (it waits in Recv inside its forward/backward), so flagged ranks joined by a small
+communicator are judged together: equal extra time in every phase both grew in means the link
+between them; otherwise the one whose phase grew by the larger factor is the cause and the other
+is reported as its pipeline victim.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from operator import sub
+from typing import Deque, Dict, FrozenSet, List, Optional, Set, Tuple
+
+from argus.aggregator.config import PhaseInfo, Thresholds
+from argus.aggregator.robust import Noise, median, median_sorted
+from argus.aggregator.state import Groups
+from argus.schema import RankStep
+
+HOST_PHASES = ("host_wait", "host_other")
+
+
+@dataclass
+class RankFlag:
+    """What L2 saw of one rank in one step."""
+
+    rank: int
+    group: str
+    step: int = -1
+    late_ns: float = 0.0
+    late_n: int = 0
+    late_last: int = 0
+    late: bool = False
+    high: Dict[str, Tuple[float, float]] = field(default_factory=dict)  # phase -> (ratio, extra ns)
+    low: Dict[str, Tuple[float, float]] = field(default_factory=dict)  # comm phase -> (ratio, ns less)
+    gpu_last: Dict[str, bool] = field(default_factory=dict)  # comm phase -> it had the group minimum
+    dev: Dict[str, Tuple[float, float]] = field(default_factory=dict)  # every phase -> (ratio, v - median)
+    host_excess_ns: float = 0.0
+    stall: bool = False
+
+    @property
+    def flagged(self) -> bool:
+        return not self.stall and (self.late or bool(self.high) or bool(self.low))
+
+    def reasons(self) -> FrozenSet[str]:
+        out = {f"high:{p}" for p in self.high} | {f"low:{p}" for p in self.low}
+        if self.late:
+            out.add("late")
+        return frozenset(out)
+
+
+def arrival_lateness(ranks: Dict[int, RankStep], groups: Groups) -> Dict[int, Tuple[float, int, int]]:
+    """rank -> (median lateness ns over its collective instances, instances, instances arrived last).
+
+    Members of a communicator normally report the same sequence numbers in a step: their arrivals
+    form a matrix whose columns are the instances (median and last arrival per column); a member
+    whose sequence numbers differ (attached late, dropped records) is compared instance by instance.
+    """
+    devs: Dict[int, List[int]] = {}
+    last: Dict[int, int] = {}
+    for g in groups.collectives():
+        rows: List[Tuple[int, List[int]]] = []
+        odd: List[Tuple[int, List[int], List[int]]] = []
+        ref: Optional[List[int]] = None
+        for r in g.members:
+            rs = ranks.get(r)
+            c = rs.comms.get(g.comm) if rs is not None else None
+            if c is None or not c.seqs:
+                continue
+            if ref is None:
+                ref = c.seqs
+            if c.seqs == ref:
+                rows.append((r, c.arrive_ns))
+            else:
+                odd.append((r, c.seqs, c.arrive_ns))
+        if len(rows) < 2 or ref is None:
+            continue
+        meds: List[int] = []
+        members = [r for r, _ in rows]
+        for col in zip(*[a for _, a in rows]):
+            srt = sorted(col)
+            n = len(srt)
+            m = n // 2
+            meds.append(srt[m] if n & 1 else (srt[m - 1] + srt[m]) // 2)
+            lr = members[col.index(srt[-1])]
+            last[lr] = last.get(lr, 0) + 1
+        for r, arr in rows:
+            d = devs.get(r)
+            if d is None:
+                devs[r] = list(map(sub, arr, meds))
+            else:
+                d.extend(map(sub, arr, meds))
+        if odd:
+            at = dict(zip(ref, meds))
+            for r, seqs, arr in odd:
+                d = [a - at[q] for q, a in zip(seqs, arr) if q in at]
+                if d:
+                    devs.setdefault(r, []).extend(d)
+    out: Dict[int, Tuple[float, int, int]] = {}
+    for r, d in devs.items():
+        d.sort()
+        out[r] = (median_sorted(d), len(d), last.get(r, 0))
+    return out
+
+
+def phase_roles(ranks: List[RankStep], phases: List[str], info: PhaseInfo) -> Dict[str, str]:
+    """phase -> 'comm' (times communication: absorbs waits), 'main' or 'unknown'."""
+    roles: Dict[str, str] = {}
+    for p in phases:
+        if info.comm_phases is not None:
+            roles[p] = "comm" if p in info.comm_phases else "main"
+            continue
+        known = [rs.phase_stream[p] for rs in ranks if p in rs.phase_stream]
+        multi = any(len(set(rs.phase_stream.values())) > 1 for rs in ranks[:4])
+        if not known or not multi:
+            roles[p] = "unknown"
+        else:
+            side = sum(1 for o in known if o > 0)
+            roles[p] = "comm" if 2 * side > len(known) else "main"
+    return roles
+
+
+class L2:
+    """Per-job L2 state: noise per (group, phase), flag history per rank."""
+
+    def __init__(self, th: Thresholds, info: PhaseInfo) -> None:
+        self.th = th
+        self.info = info
+        self.noise: Dict[Tuple[str, str], Noise] = {}
+        self.roles: Dict[str, Dict[str, str]] = {}  # group -> phase -> role
+        self.hist: Dict[int, Deque[FrozenSet[str]]] = {}  # per step: why the rank was flagged
+        self.recent: Dict[int, Deque[Optional[RankFlag]]] = {}  # last `window` flags (None = clean)
+        self.devs: Dict[int, Deque[Dict[str, Tuple[float, float]]]] = {}  # last `persist_n` deviations
+        self.links: Dict[Tuple[int, int], int] = {}  # pair -> -1: a slow link (sticky); n: steps undecided
+        self.causes: Dict[FrozenSet[int], int] = {}  # component -> the rank named as its cause
+        self.members: Dict[str, List[int]] = {}  # symmetric group -> ranks (last step)
+
+    def _noise(self, key: Tuple[str, str]) -> Noise:
+        n = self.noise.get(key)
+        if n is None:
+            n = self.noise[key] = Noise()
+        return n
+
+    def measure(
+        self, step: int, ranks: Dict[int, RankStep], groups: Groups, step_ns: float, judge: bool
+    ) -> Dict[int, RankFlag]:
+        """Flags of every rank in this step (noise histories learn from unflagged ranks)."""
+        th = self.th
+        sym = groups.symmetric(ranks)
+        self.members = sym
+        late = arrival_lateness(ranks, groups)
+        flags: Dict[int, RankFlag] = {}
+        for key, members in sym.items():
+            for r in members:
+                flags[r] = RankFlag(r, key, step)
+            # host lateness
+            ln = self._noise((key, "#late"))
+            floor = max(th.late_min_ns, th.rel_min * step_ns)
+            thr = max(th.noise_k * ln.scale(), floor) if len(ln) >= 8 else max(floor, 3 * th.late_min_ns)
+            healthy: List[float] = []
+            for r in members:
+                lt = late.get(r)
+                if lt is None:
+                    continue
+                f = flags[r]
+                f.late_ns, f.late_n, f.late_last = lt
+                if judge and f.late_ns >= thr:
+                    f.late = True
+                else:
+                    healthy.append(abs(f.late_ns))
+            ln.add(healthy)
+            if len(members) < th.min_group:
+                continue
+            self._phases(key, members, ranks, flags, judge)
+        return flags
+
+    def _phases(
+        self,
+        key: str,
+        members: List[int],
+        ranks: Dict[int, RankStep],
+        flags: Dict[int, RankFlag],
+        judge: bool,
+    ) -> None:
+        th = self.th
+        rsl = [ranks[r] for r in members]
+        names = [p for p in rsl[0].phases if p not in HOST_PHASES]
+        roles = self.roles.get(key)
+        if roles is None or set(roles) != set(names):
+            roles = self.roles[key] = phase_roles(rsl, names, self.info)
+        for p in names:
+            vals = [(rs.phases[p], rs.rank) for rs in rsl if p in rs.phases]
+            if len(vals) < th.min_group:
+                continue
+            vals.sort()
+            n = len(vals)
+            m = vals[n // 2][0] if n & 1 else (vals[n // 2 - 1][0] + vals[n // 2][0]) / 2.0
+            noise = self._noise((key, p))
+            thr = max(th.noise_k * noise.scale(), th.rel_min * m, th.abs_min_ns)
+            comm = roles.get(p) == "comm"
+            healthy: List[float] = []
+            for v, r in vals:
+                d = v - m
+                f = flags[r]
+                f.dev[p] = (v / m if m > 0 else 1.0, d)
+                if judge and d >= thr and not comm:
+                    f.high[p] = (v / m if m > 0 else float("inf"), d)
+                elif judge and -d >= thr and comm:
+                    f.low[p] = (v / m if m > 0 else 0.0, -d)
+                else:
+                    healthy.append(abs(d))
+            if comm:
+                flags[vals[0][1]].gpu_last[p] = vals[1][0] - vals[0][0] > th.abs_min_ns
+            noise.add(healthy)
+        # host time outside GPU waits, relative to the group (for host stalls)
+        ho = [rs.phases.get("host_other", 0) for rs in rsl]
+        mho = median(ho)
+        for rs, v in zip(rsl, ho):
+            flags[rs.rank].host_excess_ns = v - mho
+
+    # ---- persistence and naming ---------------------------------------------------------------------
+
+    def remember(self, flags: Dict[int, RankFlag]) -> None:
+        th = self.th
+        for r, f in flags.items():
+            h = self.hist.get(r)
+            if h is None:
+                h = self.hist[r] = deque(maxlen=th.persist_n)
+                self.recent[r] = deque(maxlen=th.window)
+                self.devs[r] = deque(maxlen=th.persist_n)
+            h.append(f.reasons() if f.flagged else frozenset())
+            self.devs[r].append(f.dev)
+            self.recent[r].append(f if (f.flagged or f.stall) else None)
+
+    def persistent(self) -> Set[int]:
+        """Ranks flagged now for a reason (late; phase p high; phase p low) that held in `persist_k`
+        of their last `persist_n` steps: the same symptom again, not noise hitting a rank in a
+        different phase each step."""
+        k = self.th.persist_k
+        out: Set[int] = set()
+        for r, h in self.hist.items():
+            if not h[-1]:
+                continue
+            for why in h[-1]:
+                if sum(1 for x in h if why in x) >= k:
+                    out.add(r)
+                    break
+        return out
+
+    def extra(self, rank: int, phase: str) -> Tuple[float, float]:
+        """(median ratio, median extra ns) of a phase over the rank's last `persist_n` steps."""
+        vals = [d[phase] for d in self.devs.get(rank, ()) if phase in d]
+        if not vals:
+            return 1.0, 0.0
+        return median([v[0] for v in vals]), median([v[1] for v in vals])
+
+    def episode(self, rank: int, steps: int) -> List[RankFlag]:
+        """The rank's flagged steps among its last `steps` judged steps."""
+        rec = self.recent.get(rank)
+        if not rec:
+            return []
+        return [f for f in list(rec)[-steps:] if f is not None and f.flagged]
+
+    def phase_summary(self, rank: int, steps: int) -> Dict[str, Tuple[float, float, int]]:
+        """phase -> (median ratio, median extra ns, steps) over the rank's recent flagged steps
+        (high phases; low communication phases are keyed '<phase>:low')."""
+        acc: Dict[str, List[Tuple[float, float]]] = {}
+        for f in self.episode(rank, steps):
+            for p, v in f.high.items():
+                acc.setdefault(p, []).append(v)
+            for p, v in f.low.items():
+                acc.setdefault(p + ":low", []).append(v)
+        return {p: (median([x[0] for x in v]), median([x[1] for x in v]), len(v)) for p, v in acc.items()}
+
+
+@dataclass
+class Culprit:
+    kind: str  # straggler | pipeline_bubble | slow_link
+    ranks: List[int]  # the cause (slow_link: the pair)
+    victims: List[int] = field(default_factory=list)
+    link: Optional[str] = None  # the small communicator joining a pair / pipeline peers
+
+
+def name_culprits(
+    cands: Set[int], flagged: Set[int], l2: L2, groups: Groups, th: Thresholds
+) -> List[Culprit]:
+    """Turn persistent ranks (`cands`) into causes. Ranks joined by a small communicator are judged
+    together with their peers flagged in this step (`flagged`): a cause must itself be persistent
+    to be named (else the component waits a step), victims are its persistent peers."""
+    out: List[Culprit] = []
+    seen: Set[int] = set()
+    pool = cands | flagged
+    for pair in [p for p in l2.links if not (set(p) & pool)]:
+        del l2.links[pair]  # the pair no longer stands out: judge it afresh next time
+    for r in sorted(cands):
+        if r in seen:
+            continue
+        comp = _component(r, pool, groups)
+        seen |= comp
+        if len(comp) == 1:
+            out.append(Culprit("straggler", [r]))
+            continue
+        ordered = sorted(comp)
+        if len(ordered) == 2:
+            a, b = ordered
+            link = groups.small_links(a, b)
+            if link is not None:
+                verdict = (
+                    "link" if (a, b) in l2.links and l2.links[(a, b)] < 0 else _link_pattern(a, b, l2, th)
+                )
+                if verdict == "link":
+                    l2.links[(a, b)] = -1  # once a link, it stays one while the pair stands out
+                    out.append(Culprit("slow_link", [a, b], link=link))
+                    continue
+                waited = l2.links.get((a, b), 0)
+                if verdict == "maybe" and waited < 2:
+                    l2.links[(a, b)] = waited + 1  # a second phase is growing on one end: look again
+                    continue
+        strength = {x: _strength(l2, x) for x in ordered}
+        cause = max(ordered, key=lambda x: (strength[x], -x))
+        prev = l2.causes.get(frozenset(comp))
+        if prev is not None and prev in cands and strength[cause] < 1.05 * strength[prev]:
+            cause = prev  # near tie: keep the rank already named rather than flip between peers
+        if cause not in cands:
+            continue  # its peer grew more but is not persistent yet: decide next step
+        l2.causes[frozenset(comp)] = cause
+        victims = [x for x in ordered if x != cause]
+        link = groups.small_links(cause, victims[0]) if victims else None
+        out.append(Culprit("pipeline_bubble" if link else "straggler", [cause], victims, link))
+    return out
+
+
+def _strength(l2: L2, rank: int) -> float:
+    """The largest factor by which one of the rank's phases stood out (flagged, recent steps)."""
+    hi = [v[0] for p, v in l2.phase_summary(rank, l2.th.persist_n).items() if not p.endswith(":low")]
+    return max(hi) if hi else 1.0
+
+
+def _component(r: int, cands: Set[int], groups: Groups) -> Set[int]:
+    comp = {r}
+    todo = [r]
+    while todo:
+        x = todo.pop()
+        peers = set(groups.edges.get(x, ()))
+        for g in groups.by_comm.values():  # 2-rank collectives (e.g. tensor-parallel pairs)
+            if len(g.members) == 2 and x in g.members:
+                peers |= g.members
+        for y in peers & cands:
+            if y not in comp:
+                comp.add(y)
+                todo.append(y)
+    return comp
+
+
+def _link_pattern(a: int, b: int, l2: L2, th: Thresholds) -> str:
+    """'link' when the transfers between a and b got slower: in every phase both of them stand out
+    in, both grew by about the same time; a phase standing out on one end only grew on the other by
+    at least a quarter as much; and they grew in at least two phases (every phase that moves data
+    between them: forward and backward of a pipeline) — where a phase too noisy to stand out counts
+    if one end grew in it by at least half as much and the other by at least a quarter (the
+    receiving stage's forward is full of waits). A slow *rank* fails this: it shows a phase its
+    waiting peer does not (a pipeline bubble grows backward only; a compute straggler also its
+    optimizer step). 'maybe' when only one phase qualifies yet but another is growing on one end;
+    'no' otherwise."""
+    by: Dict[int, Set[str]] = {
+        x: {p for p, v in l2.phase_summary(x, th.persist_n).items() if not p.endswith(":low") and v[2] >= 2}
+        for x in (a, b)
+    }
+    flagged = by[a] | by[b]
+    if not flagged:
+        return "no"
+    ref = 0.0
+    for p in flagged:
+        ea, eb = l2.extra(a, p)[1], l2.extra(b, p)[1]
+        top = max(ea, eb)
+        if min(ea, eb) <= 0:
+            return "no"
+        # Flagged on both ends: the same transfer got slower, so both grew by about the same time.
+        # Flagged on one end only: the other end's copy of the phase is too noisy to stand out
+        # (e.g. the receiving stage's forward, full of waits) — it must still have grown clearly.
+        if p in by[a] and p in by[b]:
+            if abs(ea - eb) > th.pair_equal_tol * top:
+                return "no"
+        elif min(ea, eb) < 0.25 * top:
+            return "no"
+        ref = max(ref, top)
+    roles = {p: r for m in l2.roles.values() for p, r in m.items()}
+    phases = {p for x in (a, b) for d in l2.devs.get(x, ()) for p in d}
+    corroborated = maybe = 0
+    for p in phases - flagged:
+        if roles.get(p) == "comm":
+            continue
+        ea, eb = l2.extra(a, p)[1], l2.extra(b, p)[1]
+        if max(ea, eb) >= 0.5 * ref and min(ea, eb) >= 0.25 * ref:
+            corroborated += 1
+        elif max(ea, eb) >= 0.25 * ref:
+            maybe += 1
+    if len(flagged) + corroborated >= 2:
+        return "link"
+    return "maybe" if maybe else "no"

@@ -1,0 +1,244 @@
+"""The aggregator as a service: read summaries from Redis through a consumer group, judge them, and
+publish alert transitions (stream + pub/sub channel + current-state hash per job).
+
+Keys (hash-tagged per job like argus.transport's):
+
+* ``argus:{JOB}:alerts``  stream of transitions, field ``d`` = the alert JSON (``XADD MAXLEN ~``);
+* ``argus:{JOB}:alerts``  pub/sub channel, the same JSON;
+* ``argus:{JOB}:alert_state``  hash: alert id -> its latest JSON (what `argus alerts` shows now).
+
+Crash safety comes from the consumer group (argus.reader): entries are acknowledged only after the
+engine took them, and a restarted aggregator first re-reads what it was given and never
+acknowledged; its alert book is reloaded from the state hash, so an alert that was firing resolves
+properly once its condition is gone. The engine's rolling state is rebuilt from new steps (a few
+steps of warm-up).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+from argus.aggregator.alerts import Alert
+from argus.aggregator.engine import Engine
+from argus.errors import RedisUnavailable
+
+ALERTS_MAXLEN = 10_000
+
+
+def tune_gc() -> None:
+    """For a long-running aggregator process: the engine's state is tens of thousands of small
+    containers per step at 10,000 ranks, which makes CPython's default cyclic-GC cadence (every 700
+    allocations) rescan a large heap over and over (~30% of the CPU at 10,000 ranks). Reference
+    counting frees the engine's garbage; the cyclic collector only needs to run now and then."""
+    gc.set_threshold(100_000, 50, 100)
+
+
+def k_alerts(job: str) -> str:
+    return f"argus:{{{job}}}:alerts"
+
+
+def k_alert_state(job: str) -> str:
+    return f"argus:{{{job}}}:alert_state"
+
+
+def alert_json(a: Alert) -> bytes:
+    return json.dumps(a.to_json(), separators=(",", ":"), sort_keys=True).encode()
+
+
+def parse_alert(data: Any) -> Optional[Alert]:
+    """An alert from its stored JSON; None for anything malformed (never trusted further)."""
+    if not isinstance(data, (bytes, str)) or len(data) > 1 << 20:
+        return None
+    try:
+        d = json.loads(data)
+        a = Alert.from_json(d)
+    except (ValueError, TypeError):
+        return None
+    if not isinstance(a.id, str) or not isinstance(a.kind, str) or not isinstance(a.ranks, list):
+        return None
+    return a
+
+
+@dataclass
+class ServiceStats:
+    entries: int = 0
+    heartbeats: int = 0
+    published: int = 0
+    cpu_s: float = 0.0
+    by_job: Dict[str, int] = field(default_factory=dict)
+
+
+class Aggregator:
+    """One consumer of every job it serves (given, or discovered from ``argus:jobs``)."""
+
+    def __init__(
+        self,
+        client: Any,
+        engine: Engine,
+        jobs: Optional[List[str]] = None,
+        group: str = "argus-aggregate",
+        consumer: Optional[str] = None,
+        count: int = 1024,
+        on_alert: Optional[Callable[[Alert], None]] = None,
+    ) -> None:
+        from argus import reader
+
+        self.r = client
+        self.engine = engine
+        self.fixed_jobs = jobs
+        self.group = group
+        self.consumer = consumer
+        self.count = count
+        self.on_alert = on_alert
+        self.readers: Dict[str, Any] = {}
+        self.hb_cursor: Dict[str, str] = {}
+        self.stats = ServiceStats()
+        self._reader_mod = reader
+        self._next_jobs = 0.0
+        self._next_hb = 0.0
+
+    # ---- jobs ----------------------------------------------------------------------------------------
+
+    def jobs(self) -> List[str]:
+        if self.fixed_jobs:
+            return self.fixed_jobs
+        now = time.monotonic()
+        if now >= self._next_jobs:
+            self._next_jobs = now + 5.0
+            from argus.transport import K_JOBS
+
+            found = sorted(x.decode("utf-8", "replace") for x in self.r.smembers(K_JOBS))
+            for j in found:
+                self._reader(j)
+        return sorted(self.readers)
+
+    def _reader(self, job: str) -> Any:
+        rd = self.readers.get(job)
+        if rd is None:
+            rd = self.readers[job] = self._reader_mod.Reader(
+                self.r, job, self.group, self.consumer, count=self.count
+            )
+            self._reload(job)
+        return rd
+
+    def _reload(self, job: str) -> None:
+        """Firing alerts another (or a previous) aggregator left: the book continues them."""
+        for _aid, raw in self.r.hgetall(k_alert_state(job)).items():
+            a = parse_alert(raw)
+            if a is not None and a.job == job and a.id not in self.engine.book.alerts:
+                self.engine.book.alerts[a.id] = a
+
+    # ---- the loop ------------------------------------------------------------------------------------
+
+    def poll(self, block_ms: int = 200) -> int:
+        """One round over the jobs: new summaries (and heartbeats every second). Returns entries."""
+        t0 = time.process_time()
+        n = 0
+        jobs = self.jobs()
+        for job in jobs:
+            rd = self._reader(job)
+            try:
+                msgs = rd.read(block_ms=block_ms if len(jobs) == 1 else 1)
+            except Exception as e:  # redis errors, without importing redis at module load
+                raise self._unavailable(e) from None
+            out: List[Alert] = []
+            for m in msgs:
+                out += self.engine.add(m.step)
+            if msgs:
+                rd.ack([m.id for m in msgs])
+            n += len(msgs)
+            self.stats.by_job[job] = self.stats.by_job.get(job, 0) + len(msgs)
+            self._publish(job, out)
+        now = time.monotonic()
+        if now >= self._next_hb:
+            self._next_hb = now + 1.0
+            for job in jobs:
+                self._heartbeats(job)
+        self.stats.entries += n
+        self.stats.cpu_s += time.process_time() - t0
+        return n
+
+    def _heartbeats(self, job: str) -> None:
+        since = self.hb_cursor.get(job, "-")
+        got = self._reader_mod.heartbeats(self.r, job, since=since)
+        out: List[Alert] = []
+        for eid, hb in got:
+            if since != "-" and eid.decode() == since.lstrip("("):
+                continue
+            out += self.engine.add_heartbeat(hb)
+            self.stats.heartbeats += 1
+        if got:
+            self.hb_cursor[job] = "(" + got[-1][0].decode()
+        self._publish(job, out)
+
+    def _publish(self, job: str, alerts: List[Alert]) -> None:
+        if not alerts:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for a in alerts:
+            data = alert_json(a)
+            pipe.xadd(k_alerts(a.job), {"d": data}, maxlen=ALERTS_MAXLEN, approximate=True)
+            pipe.publish(k_alerts(a.job), data)
+            pipe.hset(k_alert_state(a.job), a.id, data)
+        pipe.execute()
+        self.stats.published += len(alerts)
+        if self.on_alert is not None:
+            for a in alerts:
+                self.on_alert(a)
+
+    def run(self, duration: Optional[float] = None, stop: Callable[[], bool] = lambda: False) -> ServiceStats:
+        end = None if duration is None else time.monotonic() + duration
+        while not stop() and (end is None or time.monotonic() < end):
+            if self.poll() == 0 and not self.readers:
+                time.sleep(0.5)  # no job yet
+        return self.stats
+
+    @staticmethod
+    def _unavailable(e: Exception) -> Exception:
+        if type(e).__module__.startswith("redis"):
+            return RedisUnavailable(
+                f"lost Redis: {e}", "is redis-server running? the aggregator resumes on restart"
+            )
+        return e
+
+
+# ---- reading alerts back (argus alerts) --------------------------------------------------------------
+
+
+def current(client: Any, job: str) -> List[Alert]:
+    out = [a for a in (parse_alert(v) for v in client.hgetall(k_alert_state(job)).values()) if a is not None]
+    return sorted(out, key=lambda a: (a.first_seen, a.id))
+
+
+def history(client: Any, job: str, since_ns: int = 0) -> Iterator[Tuple[bytes, Alert]]:
+    """Transitions in the job's alert stream at or after `since_ns` (realtime)."""
+    start = f"{since_ns // 1_000_000}-0" if since_ns else "-"
+    cursor = start
+    while True:
+        raw = client.xrange(k_alerts(job), min=cursor, count=1000)
+        if not raw:
+            return
+        for eid, fields in raw:
+            a = parse_alert((fields or {}).get(b"d"))
+            if a is not None:
+                yield eid, a
+        cursor = "(" + raw[-1][0].decode()
+
+
+def follow(
+    client: Any, job: str, last_id: str = "$", block_ms: int = 1000
+) -> Iterator[Tuple[bytes, Optional[Alert]]]:
+    """New transitions as they are written (XREAD BLOCK); yields (id, None) on a quiet interval."""
+    cursor = last_id
+    while True:
+        got = client.xread({k_alerts(job): cursor}, block=block_ms, count=100)
+        if not got:
+            yield b"", None
+            continue
+        for eid, fields in got[0][1]:
+            cursor = eid.decode()
+            yield eid, parse_alert((fields or {}).get(b"d"))

@@ -1,0 +1,296 @@
+"""Reading summaries back from Redis: consumer groups, acknowledgement, crash recovery, validation.
+
+The aggregator (and any tool) reads a job's ``argus:{JOB}:steps`` stream through a consumer group,
+so several aggregators share one job and a crashed one loses nothing:
+
+* `read()` first re-reads this consumer's own pending entries (delivered before a crash, never
+  acknowledged), then every `claim_every_s` takes over entries pending on *other* consumers for
+  more than `claim_idle_ms` (``XAUTOCLAIM``: a dead aggregator's work), then reads new entries;
+* every entry is validated by `argus.wire.decode_step`; a rejected entry is acknowledged (it will
+  never become valid) and counted in ``rejected[reason]``; nothing in an entry is ever executed;
+* an entry seen twice (a publisher re-sends a pipeline that failed midway) is acknowledged and
+  counted in ``duplicates``, not returned again;
+* the caller acknowledges what it has processed with `ack()`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+
+import msgpack
+
+from argus import wire
+from argus.errors import RedisUnavailable
+from argus.schema import Heartbeat, RankStep
+from argus.transport import k_agent, k_agents, k_hb, k_names, k_steps
+
+DEFAULT_GROUP = "argus-aggregate"
+
+
+@dataclass
+class Message:
+    id: bytes  # stream entry id, for ack()
+    step: RankStep
+
+
+@dataclass
+class ReaderStats:
+    received: int = 0  # valid, first-seen entries returned
+    acked: int = 0
+    duplicates: int = 0
+    claimed: int = 0  # taken over from other consumers
+    trimmed: int = 0  # pending entries that MAXLEN removed before they were read
+    unknown_names: int = 0
+    rejected: Dict[str, int] = field(default_factory=dict)  # reason -> count
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
+
+
+def _key(rs: RankStep) -> Tuple[Any, ...]:
+    return (rs.job, rs.rank, rs.pid, rs.step, rs.start_ns)
+
+
+class Reader:
+    """One consumer of a job's step stream."""
+
+    def __init__(
+        self,
+        client: Any,
+        job: str,
+        group: str = DEFAULT_GROUP,
+        consumer: Optional[str] = None,
+        *,
+        start: str = "0",
+        count: int = 512,
+        claim_idle_ms: int = 30_000,
+        claim_every_s: float = 5.0,
+        dedup_window: int = 200_000,
+    ) -> None:
+        self.r, self.job, self.group = client, job, group
+        self.consumer = consumer or f"{socket.gethostname()}:{os.getpid()}"
+        self.key = k_steps(job)
+        self.count, self.claim_idle_ms, self.claim_every_s = count, claim_idle_ms, claim_every_s
+        self.stats = ReaderStats()
+        self.names: Dict[int, str] = {}
+        self._seen: OrderedDict[Tuple[Any, ...], None] = OrderedDict()
+        self._dedup_window = dedup_window
+        self._own_pending = True  # first, what this consumer was given before a restart
+        self._next_claim = 0.0
+        self._start = start
+        self._group_ready = False
+
+    # ---- setup ---------------------------------------------------------------------------------------
+
+    def ensure_group(self) -> None:
+        """Create the consumer group (and the stream) if missing; `start` "0": from the beginning,
+        "$": only new entries."""
+        import redis
+
+        try:
+            self.r.xgroup_create(self.key, self.group, id=self._start, mkstream=True)
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+            raise RedisUnavailable(
+                f"cannot reach Redis to read {self.key}: {e}", "is redis-server running? check --redis"
+            ) from None
+        self._group_ready = True
+
+    # ---- reading -------------------------------------------------------------------------------------
+
+    def read(self, block_ms: Optional[int] = 1000) -> List[Message]:
+        """The next batch of valid, first-seen summaries (possibly empty after `block_ms`).
+
+        A stream or group that vanished (Redis restarted empty) is recreated; a connection failure
+        raises RedisUnavailable (call again to retry)."""
+        import redis
+
+        try:
+            return self._read(block_ms)
+        except redis.ResponseError as e:
+            if "NOGROUP" not in str(e):
+                raise
+            self._group_ready = False
+            self._own_pending = True
+            return []
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+            self._group_ready = False
+            raise RedisUnavailable(
+                f"lost Redis while reading {self.key}: {e}", "is redis-server running? check --redis"
+            ) from None
+
+    def _read(self, block_ms: Optional[int]) -> List[Message]:
+        if not self._group_ready:
+            self.ensure_group()
+        if self._own_pending:
+            got = self.r.xreadgroup(self.group, self.consumer, {self.key: "0"}, count=self.count)
+            raw = got[0][1] if got else []
+            if raw:
+                return self._accept(raw)
+            self._own_pending = False
+        now = time.monotonic()
+        if now >= self._next_claim:
+            self._next_claim = now + self.claim_every_s
+            claimed = self.claim()
+            if claimed:
+                return claimed
+        got = self.r.xreadgroup(self.group, self.consumer, {self.key: ">"}, count=self.count, block=block_ms)
+        return self._accept(got[0][1] if got else [])
+
+    def claim(self) -> List[Message]:
+        """Take over entries idle > claim_idle_ms on other consumers (a crashed aggregator's)."""
+        out: List[Message] = []
+        cursor = "0-0"
+        while True:
+            res = self.r.xautoclaim(
+                self.key, self.group, self.consumer, self.claim_idle_ms, start_id=cursor, count=self.count
+            )
+            cursor, entries = res[0], res[1]
+            if len(res) > 2:
+                self.stats.trimmed += len(res[2])
+            self.stats.claimed += len(entries)
+            out += self._accept(entries)
+            if cursor in (b"0-0", "0-0") or not entries:
+                return out
+
+    def ack(self, ids: List[bytes]) -> None:
+        if ids:
+            self.stats.acked += int(self.r.xack(self.key, self.group, *ids))
+
+    def _accept(
+        self, raw: List[Tuple[bytes, Optional[Dict[bytes, bytes]]]], ack: bool = True
+    ) -> List[Message]:
+        drop: List[bytes] = []
+        decoded: List[Tuple[bytes, Any, Optional[RankStep], Set[int]]] = []
+        missing: Set[int] = set()
+        for eid, fields in raw:
+            m: Set[int] = set()
+            decoded.append((eid, fields, self._decode(eid, fields, drop, m), m))
+            missing |= m
+        if missing:  # kernel ids not in the name cache yet: fetched once for the whole batch
+            self._fetch_names(missing)
+        out: List[Message] = []
+        for eid, fields, rs, m in decoded:
+            if rs is not None and m:
+                m2: Set[int] = set()
+                rs = self._decode(eid, fields, drop, m2)
+                self.stats.unknown_names += len(m2)
+            if rs is not None:
+                self._emit(eid, rs, out, drop)
+        if ack:
+            self.ack(drop)
+        return out
+
+    def _decode(
+        self, eid: bytes, fields: Optional[Dict[bytes, bytes]], drop: List[bytes], missing: Optional[Set[int]]
+    ) -> Optional[RankStep]:
+        if not fields:  # the entry was trimmed away while pending
+            self.stats.trimmed += 1
+            drop.append(eid)
+            return None
+        data = fields.get(b"d")
+        if data is None or len(fields) != 1:
+            self._reject("fields", eid, drop)
+            return None
+        try:
+            return wire.decode_step(data, self.names, missing)
+        except wire.WireError as e:
+            self._reject(e.reason, eid, drop)
+            return None
+
+    def _reject(self, reason: str, eid: bytes, drop: List[bytes]) -> None:
+        self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
+        drop.append(eid)
+
+    def _emit(self, eid: bytes, rs: RankStep, out: List[Message], drop: List[bytes]) -> None:
+        k = _key(rs)
+        if k in self._seen:
+            self.stats.duplicates += 1
+            drop.append(eid)
+            return
+        self._seen[k] = None
+        if len(self._seen) > self._dedup_window:
+            self._seen.popitem(last=False)
+        self.stats.received += 1
+        out.append(Message(eid, rs))
+
+    def _fetch_names(self, ids: Set[int]) -> None:
+        order = sorted(ids)
+        vals = self.r.hmget(k_names(self.job), [str(i) for i in order])
+        for i, v in zip(order, vals):
+            if isinstance(v, bytes) and len(v) <= 4 * wire.MAX_NAME:
+                name = v.decode("utf-8", "replace")
+                if len(name) <= wire.MAX_NAME and wire.name_id(name) == i:
+                    self.names[i] = name
+
+
+# ---- without a consumer group: tools and tests -----------------------------------------------------------
+
+
+def iter_steps(
+    client: Any, job: str, stats: Optional[ReaderStats] = None, batch: int = 1000
+) -> Iterator[Tuple[bytes, RankStep]]:
+    """Every valid summary in the stream, oldest first (XRANGE; acknowledges nothing)."""
+    stats = stats if stats is not None else ReaderStats()
+    rd = Reader(client, job)
+    rd.stats = stats
+    cursor = "-"
+    while True:
+        raw = client.xrange(k_steps(job), min=cursor, count=batch)
+        if not raw:
+            return
+        cursor = "(" + raw[-1][0].decode()
+        out = rd._accept(raw, ack=False)
+        for m in out:
+            yield m.id, m.step
+
+
+def heartbeats(client: Any, job: str, since: str = "-", count: int = 1000) -> List[Tuple[bytes, Heartbeat]]:
+    """Heartbeats after `since` (an entry id; "-" for all kept), invalid ones skipped."""
+    out = []
+    for eid, fields in client.xrange(k_hb(job), min=since, count=count):
+        try:
+            out.append((eid, wire.decode_heartbeat((fields or {}).get(b"d"))))
+        except wire.WireError:
+            continue
+    return out
+
+
+def live_agents(client: Any, job: str) -> Dict[str, Heartbeat]:
+    """agent -> its latest heartbeat, for agents whose liveness key has not expired."""
+    agents = [a.decode("utf-8", "replace") for a in client.hkeys(k_agents(job))]
+    if not agents:
+        return {}
+    vals = client.mget([k_agent(job, a) for a in agents])
+    out: Dict[str, Heartbeat] = {}
+    for a, v in zip(agents, vals):
+        if v is None:
+            continue
+        try:
+            out[a] = wire.decode_heartbeat(v)
+        except wire.WireError:
+            continue
+    return out
+
+
+def registry(client: Any, job: str) -> Dict[str, Dict[str, Any]]:
+    """agent -> registry record (host, pid, ranks, started_ns, ts_ns, state), malformed ones skipped."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for a, v in client.hgetall(k_agents(job)).items():
+        if len(v) > 65536:
+            continue
+        try:
+            rec = msgpack.unpackb(v, raw=False, strict_map_key=False, max_ext_len=0)
+        except Exception:  # hostile or foreign data: skip it
+            continue
+        if isinstance(rec, dict) and rec.get("v") == 1:
+            out[a.decode("utf-8", "replace")] = rec
+    return out

@@ -1,0 +1,324 @@
+"""The aggregator's levels on synthetic summaries (tests/aggsynth.py): no root, no Redis, fast."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+import pytest
+
+from argus.aggregator import l1
+from argus.aggregator.alerts import AlertBook, Finding, alert_id, to_alertmanager
+from argus.aggregator.config import PhaseInfo, Thresholds
+from argus.aggregator.engine import Engine, JsonlSource
+from argus.aggregator.hang import HangWatch
+from argus.aggregator.report import report_data, report_text
+from argus.aggregator.robust import Noise, median, w1_sorted
+from argus.aggregator.state import Aligner, Groups
+from argus.schema import Heartbeat, InFlight, RankStep
+from tests.aggsynth import Faults, Job, generate, steps
+from tests.helpers import run_argus
+
+NAMES = PhaseInfo.parse("forward,backward,optimizer,grad_sync")
+
+
+def run(job: Job, th: Optional[Thresholds] = None) -> Engine:
+    eng = Engine(th, NAMES)
+    for rs in steps(job):
+        eng.add(rs)
+    eng.flush()
+    return eng
+
+
+def fired(eng: Engine) -> List[Tuple[str, List[int], int]]:
+    """(kind, ranks, step it first fired at) of every alert, in order."""
+    out = []
+    for a in eng.transitions:
+        if a.state == "firing":
+            out.append((a.kind, a.ranks, a.steps[1]))
+    return out
+
+
+# ---- building blocks ---------------------------------------------------------------------------------
+
+
+def test_robust_helpers() -> None:
+    assert median([3, 1, 2]) == 2 and median([4, 1, 2, 3]) == 2.5
+    assert w1_sorted([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]) == 0.0
+    assert w1_sorted([1.0, 1.0], [3.0, 3.0]) == pytest.approx(2.0)
+    n = Noise(size=100)
+    n.add([0.0] * 95 + [5.0] * 5)
+    assert 0.0 < n.scale() <= 5.0
+
+
+def test_groups_from_communicators() -> None:
+    g = Groups(min_group=3)
+    for rs in steps(Job(steps=1, layout="pp-dp")):
+        g.observe(rs)
+    sym = g.symmetric(range(8))
+    assert sorted(sorted(v) for v in sym.values()) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert g.edges[2] == {3} and g.edges[3] == {2}  # pipeline links from Send/Recv peers
+    assert g.small_links(4, 5) is not None and g.small_links(4, 6) is None
+    assert not [x for x in g.by_comm.values() if x.collective and len(x.members) == 2]
+
+
+def test_aligner_orders_waits_and_drops_late() -> None:
+    rs = steps(Job(ranks=4, steps=6))
+    a = Aligner(lag_steps=2)
+    by = {(x.step, x.rank): x for x in rs}
+    for r in range(4):  # step 0 complete
+        a.add(by[(0, r)])
+    assert [f.step for f in a.ready()] == [0]
+    for r in range(3):  # step 1 misses rank 3 ...
+        a.add(by[(1, r)])
+    assert a.ready() == []
+    for s in (2, 3):  # ... until a rank is `lag` steps ahead
+        for r in range(4):
+            a.add(by[(s, r)])
+    got = a.ready()
+    assert [f.step for f in got] == [1, 2, 3] and len(got[0].ranks) == 3
+    a.add(by[(1, 3)])  # too late
+    assert a.late == 1
+
+
+def test_l1_spike_and_change_point() -> None:
+    th = Thresholds()
+    ms = 1e6
+    assert l1.spike([100 * ms] * 16, 250 * ms, th) == pytest.approx(2.5)
+    assert l1.spike([100 * ms] * 16, 150 * ms, th) is None
+    assert l1.spike([40 * ms] * 16, 90 * ms, th) is None  # 2.25x but only 50 ms: a scheduling hiccup
+    xs = [100.0 + (i % 3) for i in range(20)] + [140.0 + (i % 3) for i in range(10)]
+    cp = l1.change_point(xs, th)
+    assert cp is not None and cp[0] == 20 and cp[1] == pytest.approx(1.39, abs=0.02)
+    assert l1.change_point([100.0 + (i % 5) for i in range(32)], th) is None
+
+
+# ---- the levels on whole (synthetic) jobs -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["dp", "pp-dp"])
+def test_clean_run_raises_nothing(layout: str) -> None:
+    eng = run(Job(steps=300, layout=layout, seed=7))
+    assert eng.transitions == []
+    assert eng.stats.steps_judged == 300
+
+
+def test_compute_straggler_named_not_its_victims() -> None:
+    eng = run(Job(faults=Faults(straggler=(3, 1.5, 10))))
+    assert fired(eng) == [("straggler", [3], 12)]
+    a = eng.alerts()[0]
+    assert a.evidence["phases"]["timer1"]["ratio"] == pytest.approx(1.5, abs=0.02)
+    assert a.evidence["symptoms"] == [0, 1, 2, 4, 5, 6, 7]
+    assert "backward (timer1) 1.50×" in a.summary and "symptoms, not causes" in a.summary
+    # the victims' communication phase is the largest, the straggler's the smallest
+    assert a.evidence["waited_for"]["timer3"]["ratio"] < 0.9
+
+
+def test_host_late_straggler_named_by_arrival() -> None:
+    """A rank whose host is persistently late (blocking communication, or a slow input pipeline):
+    named from the arrival lateness at the collectives."""
+    eng = run(Job(faults=Faults(host_stall=(6, 10, 15.0, 30))))
+    kinds = fired(eng)
+    assert kinds and kinds[0][:2] == ("straggler", [6]) and kinds[0][2] <= 12
+    a = eng.alerts()[0]
+    assert a.evidence["host_late_steps"] >= 3 and a.evidence["arrived_last"]["last"] > 0
+    assert "arrived last at" in a.summary
+
+
+def test_host_stall_one_step() -> None:
+    eng = run(Job(faults=Faults(host_stall=(5, 12, 400.0, 1))))
+    assert fired(eng) == [("host_stall", [5], 12)]
+    ev = eng.alerts()[0].evidence
+    assert ev["late_ms"] == pytest.approx(400, abs=5) and ev["gap"] == "before the first collective"
+    assert eng.alerts()[0].state == "resolved"  # the condition cleared
+    assert eng.stats.l1_folded >= 1  # the step spike it caused is explained, not a second alert
+
+
+def test_slow_collective_names_the_group() -> None:
+    eng = run(Job(faults=Faults(slow_comm=(1.5, 10))))
+    assert fired(eng) == [("slow_link", list(range(8)), 12)]
+    a = eng.alerts()[0]
+    assert a.evidence["pair"] is None and "cannot" in a.evidence["attribution"]
+    assert a.evidence["ratio"] == pytest.approx(1.5, abs=0.05)
+
+
+def test_slow_collective_without_stream_info_is_reported_as_group_degradation() -> None:
+    eng = run(Job(faults=Faults(slow_comm=(1.5, 10), stream_info=False)))
+    assert [k for k, _, _ in fired(eng)] == ["kernel_degradation"]
+    # naming the communication phase restores the right kind
+    eng = Engine(None, PhaseInfo.parse("forward,backward,optimizer,grad_sync", "grad_sync"))
+    for rs in steps(Job(faults=Faults(slow_comm=(1.5, 10), stream_info=False))):
+        eng.add(rs)
+    assert [k for k, _, _ in fired(eng)] == ["slow_link"]
+
+
+def test_pipeline_link_names_the_pair() -> None:
+    eng = run(Job(layout="pp-dp", faults=Faults(link=(2, 3, 6.0, 10))))
+    assert fired(eng) == [("slow_link", [2, 3], 12)]
+    assert eng.alerts()[0].evidence["pair"] == [2, 3]
+
+
+def test_pipeline_bubble_names_the_slow_stage() -> None:
+    eng = run(Job(layout="pp-dp", faults=Faults(bubble=(5, 1.9, 10))))
+    got = fired(eng)
+    assert [(k, r) for k, r, _ in got] == [("pipeline_bubble", [5])] and got[0][2] <= 13
+    assert eng.alerts()[0].evidence["victims"] == [4]
+
+
+def test_slow_drift_below_l2_floors_is_caught_by_l3() -> None:
+    eng = run(Job(steps=60, faults=Faults(drift=(6, 1.06, 10))))
+    got = fired(eng)
+    assert [(k, r) for k, r, _ in got] == [("kernel_degradation", [6])]
+    assert eng.alerts()[0].evidence["phase"] == "timer1"
+
+
+def test_unexplained_spike_is_published_after_the_hold() -> None:
+    th = Thresholds()
+    eng = run(Job(faults=Faults(spike=(20, 300.0))), th)
+    assert fired(eng) == [("step_spike", [], 20)]
+    assert eng.transitions[0].evidence["ratio"] > 4
+
+
+# ---- hang --------------------------------------------------------------------------------------------
+
+
+def _hb(ts: float, blocked: List[int], last: dict, agent: str = "h:1") -> Heartbeat:
+    s = int(ts * 1e9)
+    return Heartbeat(
+        job="synth",
+        agent=agent,
+        host="node-0",
+        ts_ns=s,
+        ranks={r: 100 + r for r in last},
+        inflight=[InFlight(r, 100 + r, "cuStreamSynchronize", s - 5 * 10**9) for r in blocked],
+        last_seq={r: {"c0": q} for r, q in last.items()},
+        last_step={r: 11 for r in last},
+    )
+
+
+def test_hang_names_the_missing_rank_and_collective() -> None:
+    w = HangWatch()
+    last = {r: 104 for r in range(8)}
+    last[6] = 96
+    w.add(_hb(100.0, [0, 1, 2, 3, 4, 5, 7], last))
+    h = w.judge(2.0, {"c0": set(range(8))})
+    assert h is not None and h.missing == [6] and (h.comm, h.seq) == ("c0", 97)
+    assert w.judge(30.0, {"c0": set(range(8))}) is None  # not blocked long enough yet
+
+
+def test_engine_hang_alert_and_resolution() -> None:
+    th = Thresholds()
+    th.hang_min_s = 2.0
+    eng = Engine(th, NAMES)
+    last = {r: 104 for r in range(8)}
+    last[6] = 96
+    got = eng.add(_hb(100.0, [0, 1, 2, 3, 4, 5, 7], last))
+    assert [(a.kind, a.ranks, a.severity) for a in got] == [("hang", [6], "critical")]
+    assert "never reached collective 97" in got[0].summary
+    eng.add(_hb(102.0, [], {r: 200 for r in range(8)}))
+    got = eng.add(_hb(104.0, [], {r: 210 for r in range(8)}))
+    assert [(a.kind, a.state) for a in got] == [("hang", "resolved")]
+
+
+# ---- alerts ------------------------------------------------------------------------------------------
+
+
+def test_alert_book_dedup_resolution_and_refire() -> None:
+    book = AlertBook(resolve_after=2)
+    f = Finding("straggler", [3], (10, 12), "rank 3 is slow")
+    kinds = {"straggler"}
+    out = book.update("j", 1, [f], {3: "n0"}, kinds)
+    assert [(a.state, a.hosts) for a in out] == [("firing", ["n0"])]
+    assert book.update("j", 2, [f], {3: "n0"}, kinds) == []  # de-duplicated
+    assert book.update("j", 3, [], {}, kinds) == []
+    out = book.update("j", 4, [], {}, kinds)
+    assert [a.state for a in out] == ["resolved"] and out[0].resolved_at == 4
+    out = book.update("j", 5, [f], {3: "n0"}, kinds)
+    assert [a.state for a in out] == ["firing"] and out[0].id == alert_id("j", "straggler", [3], None)
+    # a refinement of the same condition keeps the id
+    g = Finding("pipeline_bubble", [3], (10, 13), "rank 3 holds up its pipeline")
+    assert book.update("j", 6, [g], {3: "n0"}, kinds) == []
+    assert book.firing("j")[0].kind == "pipeline_bubble"
+
+
+def test_alertmanager_payload() -> None:
+    book = AlertBook()
+    book.update("j", 1_800_000_000 * 10**9, [Finding("slow_link", [2, 3], (1, 2), "s", comm="ab")], {}, set())
+    (am,) = to_alertmanager(book.all())
+    assert am["labels"]["alertname"] == "ArgusSlowLink" and am["labels"]["ranks"] == "2,3"
+    assert am["startsAt"].endswith("Z") and "endsAt" not in am
+    json.dumps(am)
+
+
+# ---- the command -------------------------------------------------------------------------------------
+
+
+def test_diagnose_command_on_a_recording(tmp_path: Path) -> None:
+    path = tmp_path / "steps.jsonl"
+    with open(path, "w") as f:
+        for d in generate(Job(faults=Faults(straggler=(3, 1.5, 10)))):
+            f.write(json.dumps(d) + "\n")
+    assert len(list(JsonlSource(path))) == 320
+    res = run_argus("diagnose", "--from-jsonl", str(path), "--phases", "forward,backward,optimizer,grad_sync")
+    assert res.returncode == 0, res.stderr
+    assert "straggler — ranks 3" in res.stdout and "backward (timer1) 1.50×" in res.stdout
+    res = run_argus("diagnose", "--from-jsonl", str(path), "--json", "--steps", "0:5")
+    assert res.returncode == 0 and json.loads(res.stdout)["jobs"][0]["alerts"] == []
+    res = run_argus("diagnose", "--from-jsonl", str(path), "--set", "nonsense=1")
+    assert res.returncode == 2 and "ERROR: unknown threshold" in res.stderr and "HINT:" in res.stderr
+
+
+def test_report_text_without_findings() -> None:
+    eng = run(Job(steps=20))
+    text = report_text(report_data(eng))
+    assert "No finding" in text and "8 ranks on 2 host(s)" in text
+
+
+def test_rank_steps_per_second_is_not_pathological() -> None:
+    """A loose guard (the real number is in benchmarks/aggregator_scale.py)."""
+    import time
+
+    items: List[RankStep] = steps(Job(ranks=64, steps=20))
+    eng = Engine()
+    t0 = time.process_time()
+    for rs in items:
+        eng.add(rs)
+    assert len(items) / max(time.process_time() - t0, 1e-9) > 2_000
+
+
+def test_a_summary_spanning_several_steps_is_not_a_spike() -> None:
+    """When the probe misses step boundaries, one summary covers several steps (as many times the
+    collectives): L1 compares per-step time, so the merged summary is no spike."""
+
+    def job(extra_collectives: bool) -> List[RankStep]:
+        items = [rs for rs in steps(Job(steps=40)) if rs.step not in (21, 22)]
+        for rs in items:
+            if rs.step == 20:
+                rs.duration_ns *= 3
+                for c in rs.comms.values():
+                    if extra_collectives:
+                        c.seqs += [q + 1000 for q in c.seqs] + [q + 2000 for q in c.seqs]
+                        c.arrive_ns += c.arrive_ns + c.arrive_ns
+        return items
+
+    th = Thresholds()
+    th.spike_min_ns = 1
+    eng = Engine(th, NAMES)
+    eng.run(job(True))
+    assert eng.transitions == []
+    eng = Engine(th, NAMES)  # the same long step without the extra collectives is a spike
+    eng.run(job(False))
+    assert [(a.kind, a.state) for a in eng.transitions][:1] == [("step_spike", "firing")]
+
+
+def test_redis_commands_without_redis_say_so() -> None:
+    for args in (("alerts",), ("aggregate", "-d", "1"), ("diagnose", "--job", "x")):
+        res = run_argus(*args, "--redis", "redis://127.0.0.1:1/0")
+        assert res.returncode == 8, (args, res.stderr)
+        assert "ERROR: " in res.stderr and "HINT: " in res.stderr and "Traceback" not in res.stderr
+    res = run_argus("diagnose")
+    assert res.returncode == 2 and "exactly one input" in res.stderr
+    for cmd in ("diagnose", "aggregate", "alerts"):
+        out = run_argus(cmd, "--help").stdout
+        assert "Examples:" in out, cmd

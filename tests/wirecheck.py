@@ -1,0 +1,50 @@
+"""What "equal up to the documented quantisation" means for a RankStep that went through argus.wire."""
+
+from __future__ import annotations
+
+from typing import List
+
+from argus.kde import QUANT_REL_ERROR, Cluster
+from argus.schema import RankStep
+from argus.wire import ARRIVAL_ABS_ERROR_NS, HOST_REL_ERROR
+
+EXACT = (
+    "job rank host pid step start_ns duration_ns local_rank world_size step_source clock_offset_ns "
+    "clock_uncertainty_ns sync_count sync_wait_ns phases phase_stream py_phases launches kernels memcpy "
+    "errors drops version"
+).split()
+
+
+def _host_close(got: int, want: int) -> bool:
+    return abs(got - max(want, 1)) <= HOST_REL_ERROR * max(want, 1) + 1
+
+
+def _clusters_close(got: List[Cluster], want: List[Cluster]) -> None:
+    assert len(got) == len(want), (got, want)
+    for g, w in zip(got, want):
+        assert g.count == w.count
+        for a, b in ((g.p50, max(w.p50, 1.0)), (g.p99, max(w.p99, w.p50, 1.0))):
+            assert abs(a - b) <= QUANT_REL_ERROR * b * 1.0001, (g, w)
+
+
+def assert_equivalent(got: RankStep, want: RankStep) -> None:
+    """`got` (decoded) equals `want` (original) up to the quantisation documented in argus.wire."""
+    for name in EXACT:
+        assert getattr(got, name) == getattr(want, name), (name, getattr(got, name), getattr(want, name))
+    _clusters_close(got.launch_api_ns, want.launch_api_ns)
+    assert got.comms.keys() == want.comms.keys()
+    for cid, w in want.comms.items():
+        g = got.comms[cid]
+        assert (g.comm, g.nranks, g.rank, g.identity) == (w.comm, w.nranks, w.rank, w.identity)
+        assert (g.seqs, g.ops, g.nbytes) == (w.seqs, w.ops, w.nbytes)
+        assert len(g.arrive_ns) == len(w.arrive_ns)
+        assert all(abs(a - b) <= ARRIVAL_ABS_ERROR_NS for a, b in zip(g.arrive_ns, w.arrive_ns))
+        assert all(_host_close(a, b) for a, b in zip(g.host_ns, w.host_ns)), (g.host_ns, w.host_ns)
+        assert len(g.p2p) == len(w.p2p)
+        for gp, wp in zip(g.p2p, w.p2p):
+            assert (gp.op, gp.peer, gp.nbytes) == (wp.op, wp.peer, wp.nbytes)
+            assert abs(gp.arrive_ns - wp.arrive_ns) <= ARRIVAL_ABS_ERROR_NS
+            assert _host_close(gp.host_ns, wp.host_ns)
+        assert g.host_clusters.keys() == w.host_clusters.keys()
+        for op, cl in w.host_clusters.items():
+            _clusters_close(g.host_clusters[op], cl)
