@@ -149,6 +149,33 @@ setup_venv() {
     echo "installed: argus-tracer[dev] (editable) into .venv"
 }
 
+# --- 5. PyTorch (optional) ----------------------------------------------------------------------
+# For the slow-tier real-PyTorch test and `make bench`. Only the CPU wheel that lies on this
+# kind of machine (pip's find-links) is taken: a plain PyPI torch is a multi-GB CUDA build.
+# ARGUS_TORCH=auto (default: only when the local wheel exists) | yes | no.
+TORCH_PIN=torch==2.13.0
+setup_torch() {
+    local venv=$REPO_ROOT/.venv mode=${ARGUS_TORCH:-auto}
+    if [[ $mode == no ]]; then
+        echo "skipped: $TORCH_PIN (ARGUS_TORCH=no)"
+        return
+    fi
+    if "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
+        echo "ok: torch in .venv"
+        return
+    fi
+    if [[ $mode == auto ]] && ! "$venv/bin/python" -m pip install --disable-pip-version-check --no-index \
+        --no-deps --dry-run "$TORCH_PIN" >/dev/null 2>&1; then
+        echo "skipped: $TORCH_PIN (no local wheel; the real-PyTorch test and benchmark will skip; ARGUS_TORCH=yes downloads it)"
+        return
+    fi
+    if "$venv/bin/python" -m pip install --disable-pip-version-check -q "$TORCH_PIN" py-spy >/dev/null 2>&1; then
+        echo "installed: $TORCH_PIN and py-spy into .venv"
+    else
+        echo "warning: could not install $TORCH_PIN (the real-PyTorch test and benchmark will skip)" >&2
+    fi
+}
+
 main() {
     install_packages
     link_headers
@@ -156,6 +183,7 @@ main() {
     ensure_mount debugfs /sys/kernel/debug
     ensure_mount bpf /sys/fs/bpf
     setup_venv
+    setup_torch
 }
 
 if [[ ${BASH_SOURCE[0]} == "$0" ]]; then # not when sourced (to test one step)

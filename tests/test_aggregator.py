@@ -126,6 +126,30 @@ def test_host_late_straggler_named_by_arrival() -> None:
     assert "arrived last at" in a.summary
 
 
+def test_python_phases_name_the_phase_without_being_judged() -> None:
+    """With the Python channel on, a host-late straggler's explanation names the Python phase it
+    spends its extra time in (here its data loader); the same phases alone never raise an alert."""
+    job = Job(faults=Faults(host_stall=(6, 10, 15.0, 30)))
+    eng = Engine(None, NAMES)
+    for rs in steps(job):
+        data = 2_000_000 + (18_000_000 if rs.rank == 6 and (rs.step or 0) >= 10 else 0)
+        rs.py_phases = {"forward": 50_000_000, "backward": 90_000_000, "data": data}
+        eng.add(rs)
+    eng.flush()
+    a = eng.alerts()[0]
+    assert (a.kind, a.ranks) == ("straggler", [6])
+    py = a.evidence["python_phases"]
+    assert list(py) == ["data"] and py["data"]["extra_ms"] == pytest.approx(18, abs=0.5), py
+    assert "in Python it spends more time in data" in a.summary, a.summary
+    # a rank whose sampled phases alone differ (no late arrival, no GPU outlier) is never named
+    quiet = Engine(None, NAMES)
+    for rs in steps(Job(steps=60, seed=3)):
+        rs.py_phases = {"data": 40_000_000 if rs.rank == 2 else 2_000_000, "forward": 50_000_000}
+        quiet.add(rs)
+    quiet.flush()
+    assert quiet.transitions == []
+
+
 def test_host_stall_one_step() -> None:
     eng = run(Job(faults=Faults(host_stall=(5, 12, 400.0, 1))))
     assert fired(eng) == [("host_stall", [5], 12)]

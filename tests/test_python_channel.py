@@ -181,7 +181,6 @@ def test_channels_switch_off_and_processes_exit_cleanly(tmp_path: Path) -> None:
         assert all(absent not in d and present in d for d in steps), (off, sorted(steps[0]))
 
 
-
 def test_precise_mode_times_selected_functions(tmp_path: Path) -> None:
     found = _pyenv("3.10.") or _pyenv("3.9.")
     if not found:

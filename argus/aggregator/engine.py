@@ -42,6 +42,7 @@ STEP_KINDS = {
     "hang",
 }
 SPECIFIC = STEP_KINDS - {"step_spike", "step_regression"}
+PY_WINDOW = 8  # steps of Python phases kept per rank for explanations
 
 
 class StepSource(Protocol):
@@ -124,6 +125,8 @@ class JobDiag:
     first_step: int = -1
     stall_since: Dict[int, Tuple[int, int]] = field(default_factory=dict)  # rank -> (first step, judged #)
     colls: Deque[float] = field(default_factory=lambda: deque(maxlen=32))  # collectives per rank-step
+    # recent Python-channel phases per rank (explanations only: sampled, never judged)
+    py: Dict[int, Deque[Dict[str, int]]] = field(default_factory=dict)
 
 
 def _steps_spanned(d: JobDiag, ranks: Dict[int, RankStep]) -> float:
@@ -250,7 +253,13 @@ class Engine:
         step_ns = median([rs.duration_ns for rs in ranks.values()])
         base_ns = d.l1.median_step() or step_ns
         judge = d.judged > th.warmup_steps
-        ex = Explainer(d.job, d.groups, self.info, d.hosts)
+        for r, rs in ranks.items():
+            if rs.py_phases:
+                q = d.py.get(r)
+                if q is None:
+                    q = d.py[r] = deque(maxlen=PY_WINDOW)
+                q.append(rs.py_phases)
+        ex = Explainer(d.job, d.groups, self.info, d.hosts, d.py)
         findings: List[Finding] = []
 
         # L2 (and host stalls, which take their ranks out of the straggler count)

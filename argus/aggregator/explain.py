@@ -3,7 +3,7 @@ person on call can act on."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Deque, Dict, List, Mapping, Optional
 
 from argus.aggregator.alerts import Finding
 from argus.aggregator.config import PhaseInfo
@@ -39,11 +39,47 @@ def _x(r: float) -> str:
 
 
 class Explainer:
-    def __init__(self, job: str, groups: Groups, info: PhaseInfo, hosts: Dict[int, str]) -> None:
+    def __init__(
+        self,
+        job: str,
+        groups: Groups,
+        info: PhaseInfo,
+        hosts: Dict[int, str],
+        py: Optional[Mapping[int, Deque[Dict[str, int]]]] = None,
+    ) -> None:
         self.job = job
         self.groups = groups
         self.info = info
         self.hosts = hosts
+        self.py = py or {}
+
+    def py_outliers(self, r: int, peers: List[int]) -> Dict[str, Dict[str, Optional[float]]]:
+        """Python phases in which rank r spent clearly more time per step than its peers' median
+        over the recent steps (sampled: >= 1.25x and >= 5 ms per step, at least 4 steps each).
+        Evidence and words only; the levels never judge these."""
+        mine = self.py.get(r)
+        if not mine or len(mine) < 4:
+            return {}
+
+        def per_step(q: Deque[Dict[str, int]]) -> Dict[str, float]:
+            tot: Dict[str, float] = {}
+            for d in q:
+                for k, v in d.items():
+                    tot[k] = tot.get(k, 0.0) + v
+            return {k: v / len(q) for k, v in tot.items()}
+
+        others = [per_step(self.py[x]) for x in peers if x != r and len(self.py.get(x, ())) >= 4]
+        if len(others) < 2:
+            return {}
+        own = per_step(mine)
+        out: Dict[str, Dict[str, Optional[float]]] = {}
+        for p, v in own.items():
+            ref = median([o.get(p, 0.0) for o in others])
+            if v - ref >= 5e6 and v >= 1.25 * ref:
+                # ratio None: the peers spend (almost) no time in this phase at all
+                ratio = round(v / ref, 2) if ref > 0 else None
+                out[p] = {"ratio": ratio, "extra_ms": round((v - ref) / 1e6, 1)}
+        return dict(sorted(out.items(), key=lambda kv: -(kv[1]["extra_ms"] or 0.0)))
 
     def who(self, r: int) -> str:
         h = self.hosts.get(r)
@@ -92,6 +128,9 @@ class Explainer:
             "victims": c.victims,
             "symptoms": sorted(x for x in members if x != r),
         }
+        py = self.py_outliers(r, members or sorted(self.py))
+        if py:
+            ev["python_phases"] = py
         parts: List[str] = []
         if late:
             frac = last / inst if inst else 0.0
@@ -108,6 +147,12 @@ class Explainer:
                 f"its GPU reached the collectives last in {gpu_last} of {len(eps)} steps "
                 f"(its {self.info.label(p)} is {_x(v[0])} its peers': they waited {_ms(v[1])} for it)"
             )
+        if py:
+            txt = ", ".join(
+                f"{p} {_x(v['ratio']) + ' ' if v['ratio'] else ''}(+{_ms((v['extra_ms'] or 0.0) * 1e6)}/step)"
+                for p, v in list(py.items())[:2]
+            )
+            parts.append(f"in Python it spends more time in {txt} than its peers")
         where = f"its {self.groups.describe(key)}" if key != JOB_GROUP else "the job"
         if c.kind == "pipeline_bubble":
             vict = c.victims
