@@ -8,8 +8,10 @@ backoff when Redis is down or slow. When the buffer is full the oldest entry is 
 counted: ``enqueued == published + dropped_oldest + dropped_exit + buffer_len`` at any time
 (`dropped_exit`: still buffered when `close()` gave up). A batch whose pipeline failed midway may
 have been applied in part, so it is never dropped: it waits in a retry slot (one batch, outside
-the bounded buffer) and is sent again first, which makes `dropped_oldest` exactly the entries
-Redis never saw; a reader can then see an entry twice (`argus.reader` drops such duplicates).
+the bounded buffer) and is sent again first — and stays there if the server then refuses it
+(e.g. LOADING after a restart), since the first attempt's outcome is still unknown — which makes
+`dropped_oldest` exactly the entries Redis never saw; a reader can then see an entry twice
+(`argus.reader` drops such duplicates).
 Only at exit can an unconfirmed batch be given up (counted in `dropped_exit` and `unconfirmed`).
 """
 
@@ -316,7 +318,8 @@ class Publisher:
                     continue
             self._wake.clear()  # before taking: a publish() from now on wakes the wait below
             with self._lock:
-                if self._retry:
+                unknown = bool(self._retry)  # a batch Redis may have applied in part before
+                if unknown:
                     batch, self._retry = self._retry, []
                 else:
                     n = min(self.batch, len(self._buf))
@@ -340,7 +343,14 @@ class Publisher:
                 self._sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2.0, self.backoff_s[1])
                 continue
-            if failed:  # refused (e.g. OOM), so certainly not applied: back to the buffer's front
+            if failed and unknown:
+                # refused now (e.g. LOADING after a restart), but the first, broken attempt may have
+                # applied them: still unknown, so they stay in the retry slot and are never dropped
+                with self._lock:
+                    self._retry = failed
+                self._sleep(backoff)
+                backoff = min(backoff * 2.0, self.backoff_s[1])
+            elif failed:  # refused (e.g. OOM), so certainly not applied: back to the buffer's front
                 self._requeue(failed, [], [])
                 self._sleep(backoff)
                 backoff = min(backoff * 2.0, self.backoff_s[1])

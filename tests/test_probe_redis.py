@@ -91,7 +91,8 @@ def test_redis_killed_mid_run_and_restarted(tmp_path: Path) -> None:
     job_id = f"sim-{job.run_id}"
     try:
         job.wait_loaded()  # attach before the first CUDA call, then let the ~20 s job run
-        probe = ProbeProc(job.pids.values(), "--redis", srv.url, "--redis-buffer", "40")
+        # 120: the ~7 s outage (~430 summaries) overflows it; one drain's burst (~60) does not
+        probe = ProbeProc(job.pids.values(), "--redis", srv.url, "--redis-buffer", "120")
         probe.wait_for("redis: connected", timeout=120)
         job.release()
         client = redis.Redis.from_url(srv.url)
@@ -132,7 +133,7 @@ def test_redis_killed_mid_run_and_restarted(tmp_path: Path) -> None:
     during = [d for d in printed.values() if t_kill <= d["start_ns"] and d["end_ns"] <= t_restart]
     assert len(during) >= 0.5 * 4 * (t_restart - t_kill) / 1e9 / 0.075, len(during)  # ~65 ms steps
     # the buffer stayed within its bound; the loss is exactly what the counters say
-    assert c["peak"] <= c["buffer_max"] == 40
+    assert c["peak"] <= c["buffer_max"] == 120
     assert c["reconnects"] >= 1 and c["send_errors"] >= 1 and c["at_exit"] == 0
     assert received <= set(printed)
     assert len(missing) == c["oldest"] + c["at_exit"] > 0, (len(missing), c, probe.stderr[-3000:])
