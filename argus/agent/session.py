@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 from argus.agent import bpfprog, clock
 from argus.agent.identity import Identity
 from argus.agent.tracker import STEP_MARKER, RankTracker
-from argus.errors import NotATarget, SymbolMissing
+from argus.errors import EnvironmentProblem, NotATarget, SymbolMissing
 from argus.probes import cpython, libcuda, libcudart, libnccl
 from argus.probes.base import Channel, LibraryProbes, MappedLibrary, register_calls, resolve
 from argus.probes.elf import Elf
@@ -152,12 +152,20 @@ class Session:
         path = lp.library.host_path
         for p in lp.probes:
             addr = p.vaddr + p.plan.offset
-            if p.spec.entry:
-                self.bpf.attach_uprobe(name=path, addr=addr, fn_name=f"{p.spec.symbol}_entry")
-                self.health.attached += 1
-            if p.spec.ret and p.spec.symbol not in (libcuda.ENTRY_ONLY | libnccl.ENTRY_ONLY):
-                self.bpf.attach_uretprobe(name=path, addr=addr, fn_name=f"{p.spec.symbol}_return")
-                self.health.attached += 1
+            try:
+                if p.spec.entry:
+                    self.bpf.attach_uprobe(name=path, addr=addr, fn_name=f"{p.spec.symbol}_entry")
+                    self.health.attached += 1
+                if p.spec.ret and p.spec.symbol not in (libcuda.ENTRY_ONLY | libnccl.ENTRY_ONLY):
+                    self.bpf.attach_uretprobe(name=path, addr=addr, fn_name=f"{p.spec.symbol}_return")
+                    self.health.attached += 1
+            except Exception as e:  # bcc raises a bare Exception; the kernel's reason is on stderr
+                raise EnvironmentProblem(
+                    f"cannot attach a uprobe to {p.spec.symbol} in {path} at {addr:#x}: {e}",
+                    "the library file may have been replaced since the process loaded it (reinstalled or "
+                    "rebuilt: restart the process to probe it), or the kernel refused the probe "
+                    "(argus doctor checks uprobe support)",
+                ) from None
             if not p.plan.fast:
                 self.health.slow_probes.append(
                     SlowProbe(os.path.basename(path), p.spec.symbol, p.plan.insn, p.plan.note)
