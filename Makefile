@@ -64,6 +64,7 @@ fmt:
 
 bench: setup
 	$(call need_root,bench)
+	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) -m benchmarks all
 
 clean:

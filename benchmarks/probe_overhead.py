@@ -12,6 +12,7 @@ the real `argus probe --json` command; its CPU time is reported too.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from argus.sim.build import build  # noqa: E402
 from argus.sim.launcher import SimConfig, SimJob  # noqa: E402
 
 KINDS: List[Tuple[str, str]] = [
+    ("ncclGroupStartOnly", "uprobe only: group-depth counter (ncclGroupStart)"),
     ("cuLaunchKernel", "uprobe + uretprobe: per-kernel counter, latency histogram"),
     ("cuEventRecord", "uprobe: ring-buffer record (no wakeup) + uretprobe: result"),
     ("cuEventQuery", "uretprobe only: result counted when non-zero"),
@@ -79,6 +81,43 @@ def per_hit(reps: int, n: int) -> List[Tuple[str, str, float, float, float]]:
         mo, mi = statistics.median(off[fn]), statistics.median(on[fn])
         rows.append((fn, desc, mo, mi, mi - mo))
     return rows
+
+
+def perf_sample_cost(seconds: float, hz: int) -> Dict[str, Tuple[float, float]]:
+    """In-BPF cost of the perf-event (CPU_CLOCK) sampling programs: a busy Python worker, `argus probe`
+    with the Python and host channels at `hz`, kernel.bpf_stats_enabled on; program name ->
+    (ns per run, runs per second). The timer interrupt and perf bookkeeping around each program run
+    are not in these numbers (they are the same for any sampler)."""
+    from benchmarks import python_overhead as po
+
+    w = po.Worker("python", po.default_python())
+    argv = [sys.executable, "-m", "argus", "probe", "-p", str(w.p.pid), "--json", "--no-cuda", "--no-cudart"]
+    argv += ["--no-nccl", "--no-gpu-metrics", "--python-hz", str(hz), "--host-hz", str(hz)]
+    from benchmarks._util import Observer
+
+    po.bpf_stats(True)
+    obs = None
+    try:
+        time.sleep(0.5)
+        old = set(po.bpf_programs())
+        obs = Observer(argv, ready="Tracing")
+        obs.wait_ready()
+        p0 = {i: v for i, v in po.bpf_programs().items() if i not in old}
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        p1 = po.bpf_programs()
+        el = time.monotonic() - t0
+    finally:
+        if obs is not None:
+            obs.stop()
+        po.bpf_stats(False)
+        w.stop()
+    out = {}
+    for i, (name, ns, runs) in p0.items():
+        _, ns1, runs1 = p1.get(i, (name, ns, runs))
+        if runs1 > runs:
+            out[name] = ((ns1 - ns) / (runs1 - runs), (runs1 - runs) / el)
+    return out
 
 
 def job_run(
@@ -139,14 +178,67 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a smoke run (seconds), not a measurement")
     ap.add_argument("--preset", default="default")
+    ap.add_argument(
+        "--per-hit-only",
+        action="store_true",
+        help="skip the step-time table (benchmarks.sim_overhead has it)",
+    )
     args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("ERROR: needs root (BPF): sudo .venv/bin/python -m benchmarks.probe_overhead")
+        return 3
     reps, n, steps, jreps = (1, 20_000, 8, 1) if args.quick else (3, 200_000, 40, 2)
 
+    from benchmarks._util import machine
+
+    print(f"{machine()}\n")
     print(f"# probe per-hit cost ({n} calls per run, median of {reps} runs)\n")
     print("| probed call | what runs per hit | off ns/call | on ns/call | cost ns/hit |")
     print("|---|---|---:|---:|---:|")
-    for fn, desc, off, on, cost in per_hit(reps, n):
-        print(f"| {fn} | {desc} | {off:.0f} | {on:.0f} | {cost:.0f} |")
+    cost: Dict[str, float] = {}
+    for fn, desc, off, on, c in per_hit(reps, n):
+        cost[fn] = c
+        print(f"| {fn} | {desc} | {off:.0f} | {on:.0f} | {c:.0f} |")
+    hz = 99
+    perf = perf_sample_cost(3.0 if args.quick else 10.0, hz)
+    print(f"\n# cost per probe type (ns per hit; perf-event programs at {hz} Hz on a busy Python worker)\n")
+    print("| probe type | measured as | ns per hit |")
+    print("|---|---|---:|")
+    rows = [
+        ("uprobe (emulated first instruction)", "ncclGroupStart alone", cost["ncclGroupStartOnly"]),
+        ("uretprobe", "cuEventQuery (return probe only)", cost["cuEventQuery"]),
+        ("uprobe + uretprobe (a kernel launch)", "cuLaunchKernel", cost["cuLaunchKernel"]),
+        (
+            "ring-buffer record (a uprobe's 48-byte record, no wakeup)",
+            "cuEventRecord − cuEventQuery",
+            cost["cuEventRecord"] - cost["cuEventQuery"],
+        ),
+        ("uprobe + uretprobe, single-stepped instruction", "ncclGetVersion", cost["ncclGetVersion"]),
+    ]
+    names = {"py_on_cpu": "Python stack walk", "host_on_cpu": "native stack (get_stackid)"}
+    for name, (ns, rate) in sorted(perf.items()):
+        if name in names:
+            rows.append((f"perf-event sample: {names[name]} (`{name}`)", f"bpf_stats, {rate:.0f} runs/s", ns))
+        elif name.startswith("sched"):
+            rows.append((f"sched_switch: off-CPU stack walk (`{name}`)", f"bpf_stats, {rate:.0f} runs/s", ns))
+    for what, how, ns in rows:
+        print(f"| {what} | {how} | {ns:.0f} |")
+    launch = cost["cuLaunchKernel"]
+    slow = cost["ncclGetVersion"]
+    print("\n# projected overhead at the paper's rates (kernel events per GPU-minute)\n")
+    print(
+        "| events / GPU-minute | events / s | host CPU per GPU at the launch cost | share of a core "
+        "| if every probe were single-stepped |"
+    )
+    print("|---:|---:|---:|---:|---:|")
+    for rate in (1e4, 3e4, 1e5):
+        per_s = rate / 60
+        print(
+            f"| {rate:,.0f} | {per_s:,.0f} | {per_s * launch / 1e3:.0f} µs/s | {per_s * launch / 1e9:.3%} "
+            f"| {per_s * slow / 1e9:.3%} |"
+        )
+    if args.per_hit_only:
+        return 0
 
     print(
         f"\n# step time, simulated job ({args.preset} preset), {steps} steps per run, "

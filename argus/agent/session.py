@@ -162,9 +162,9 @@ class Session:
             except Exception as e:  # bcc raises a bare Exception; the kernel's reason is on stderr
                 raise EnvironmentProblem(
                     f"cannot attach a uprobe to {p.spec.symbol} in {path} at {addr:#x}: {e}",
-                    "the library file may have been replaced since the process loaded it (reinstalled or "
-                    "rebuilt: restart the process to probe it), or the kernel refused the probe "
-                    "(argus doctor checks uprobe support)",
+                    "another tracer may hold a uprobe at the same address (bpftrace 0.17 here: whichever "
+                    "attaches second is refused; stop it and retry), or the library file was replaced "
+                    "since the process loaded it (restart the process to probe it)",
                 ) from None
             if not p.plan.fast:
                 self.health.slow_probes.append(

@@ -60,6 +60,9 @@ int main(int argc, char **argv) {
             f();
             g();
         }
+    } else if (!strcmp(fname, "ncclGroupStartOnly")) { /* one uprobe, no return probe */
+        fn0 f = (fn0)dlsym(nc, "ncclGroupStart");
+        for (long i = 0; i < n; i++) f();
     } else if (!strcmp(fname, "ncclGetVersion")) {
         fn1 f = (fn1)dlsym(nc, fname);
         int v;
