@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -104,6 +105,55 @@ def test_attach_mid_run_still_identifies_communicators_and_aligns(tmp_path: Path
             for a in got[rank][s]["nccl"]["arrivals"]:
                 seen.setdefault((a[0], a[1]), set()).add(rank)
         assert seen and all(len(v) == 2 for v in seen.values())  # tp=2, dp=2: every comm has 2 ranks
+
+
+def _mapped_headers(pid: int) -> Dict[str, bytes]:
+    """The first 64 bytes of each sim library's first mapping, read from the process."""
+    out: Dict[str, bytes] = {}
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb") as mem:
+        for ln in maps:
+            parts = ln.split()
+            name = os.path.basename(parts[-1]) if len(parts) >= 6 else ""
+            if name in ("libcuda.so.1", "libnccl.so.2") and name not in out and parts[2] == "00000000":
+                mem.seek(int(parts[0].split("-")[0], 16))
+                out[name] = mem.read(64)
+    return out
+
+
+def test_attaching_writes_nothing_into_the_process_and_leaves_room_for_other_tracers(tmp_path: Path) -> None:
+    """Debian's bcc passes a garbage ref_ctr_offset to the kernel unless Argus routes the call
+    (argus.agent.bpfprog.fix_uprobe_abi): the kernel then increments a 'semaphore' inside every
+    mapping of the library (the ELF header) and refuses other tools' uprobes at the same address."""
+    job = SimJob(SimConfig(ranks=2, steps=1000, preset="small", run_dir=str(tmp_path))).start()
+    try:
+        wait_steps(job, 5)
+        pid = next(iter(job.pids.values()))
+        before = _mapped_headers(pid)
+        assert set(before) == {"libcuda.so.1", "libnccl.so.2"}
+        probe = ProbeProc(job.pids.values(), "-d", "6s")
+        probe.wait_for("Tracing")
+        assert _mapped_headers(pid) == before
+        # a second, independent uprobe user at an address Argus probes (plain libbcc, ref_ctr 0)
+        from bcc import BPF
+        from bcc.libbcc import lib
+
+        with open(f"/proc/{pid}/maps") as maps:
+            lib_path = next(ln.split()[-1] for ln in maps if ln.rstrip().endswith("libcuda.so.1"))
+        other = BPF(text="int hit(void *ctx) { return 0; }")
+        fn = other.load_func("hit", BPF.KPROBE)
+        _path, addr = BPF._check_path_symbol(lib_path.encode(), b"cuLaunchKernel", 0, -1)  # file offset
+        real = lib["bpf_attach_uprobe"]
+        real.argtypes = None
+        fd = real(fn.fd, 0, b"argus_test_other", lib_path.encode(), ctypes.c_ulonglong(addr), -1, 0)
+        try:
+            assert fd >= 0, "the kernel refused a second tracer's uprobe at an address Argus probes"
+        finally:
+            if fd >= 0:
+                lib.bpf_close_perf_event_fd(fd)
+            other.cleanup()
+        assert probe.wait(timeout=60) == 0, probe.stderr
+    finally:
+        job.stop()
 
 
 def test_pipeline_point_to_point_and_groups(tmp_path: Path) -> None:

@@ -119,9 +119,43 @@ def _capture_stderr() -> Iterator[Any]:
             os.close(saved)
 
 
+def fix_uprobe_abi() -> None:
+    """Debian's bcc 0.26 Python binding declares libbcc's `bpf_attach_uprobe` with 6 arguments, but
+    the C function takes a 7th, `ref_ctr_offset`, which then receives whatever is in the register
+    (seen: 0x6). A non-zero value makes the kernel treat the probe as a USDT probe with a semaphore
+    at that file offset — it would write a counter into every process mapping the library (here:
+    into the ELF header) — and refuse other tools' uprobes at the same address ("ref_ctr_offset
+    mismatch" in dmesg). Route the call through a 7-argument prototype that passes 0."""
+    import ctypes
+
+    from bcc import libbcc
+
+    lib = libbcc.lib
+    if getattr(lib, "_argus_uprobe_abi", False):
+        return
+    real = lib["bpf_attach_uprobe"]  # a new function pointer: bcc's own declaration stays untouched
+    real.restype = ctypes.c_int
+    real.argtypes = [
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_ulonglong,
+        ctypes.c_int,
+        ctypes.c_uint32,
+    ]
+
+    def attach(progfd: int, kind: int, ev_name: bytes, path: bytes, addr: int, pid: int, ref: int = 0) -> int:
+        return int(real(progfd, kind, ev_name, path, addr, pid, ref))
+
+    lib.bpf_attach_uprobe = attach
+    lib._argus_uprobe_abi = True
+
+
 def load(channels: Sequence[Channel], opts: BpfOptions) -> Any:
     from bcc import BPF
 
+    fix_uprobe_abi()
     with _capture_stderr() as err:
         try:
             return BPF(text=source(channels), cflags=cflags(channels, opts))

@@ -162,9 +162,9 @@ class Session:
             except Exception as e:  # bcc raises a bare Exception; the kernel's reason is on stderr
                 raise EnvironmentProblem(
                     f"cannot attach a uprobe to {p.spec.symbol} in {path} at {addr:#x}: {e}",
-                    "another tracer may hold a uprobe at the same address (bpftrace 0.17 here: whichever "
-                    "attaches second is refused; stop it and retry), or the library file was replaced "
-                    "since the process loaded it (restart the process to probe it)",
+                    "another tracer (a bcc tool with Debian's ref_ctr_offset bug, see docs/probe.md) may "
+                    "hold a uprobe at the same address: stop it and retry; or the library file was "
+                    "replaced since the process loaded it (restart the process to probe it)",
                 ) from None
             if not p.plan.fast:
                 self.health.slow_probes.append(

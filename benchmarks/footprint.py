@@ -1,0 +1,105 @@
+"""Agent footprint: CPU and memory of `argus probe` for 1, 4 and 8 probed ranks on one host, and the
+time from starting `argus probe` to its first data.
+
+    sudo .venv/bin/python -m benchmarks.footprint [--quick] [--ranks 1,4,8] [--steps 150] [--reps 2]
+
+Each run starts the simulated job (default preset, data parallel, every rank on this host) and lets
+it run, then starts `argus probe --json -i 1s` (all channels) on its ranks, as an on-call engineer
+would. Measured: time to the "Tracing" line (BPF compile + attach), time to the first JSON line on
+stdout (first complete step after attach), the agent's CPU share from "Tracing" until the job ends
+(% of one core) and its peak RSS (VmHWM). Median over --reps runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+from benchmarks._util import REPO, Observer, machine, med, need_root
+
+sys.path.insert(0, str(REPO))
+
+from argus.sim.launcher import SimConfig, SimJob
+
+
+def run_one(ranks: int, steps: int, tmp: Path) -> Dict[str, float]:
+    job = SimJob(SimConfig(ranks=ranks, steps=steps, preset="default")).start()
+    obs = None
+    try:
+        while job.steps_done() < 3:  # the job is running before the agent starts
+            job.poll()
+            time.sleep(0.05)
+        argv = [sys.executable, "-m", "argus", "probe", "--json", "-i", "1s"]
+        for pid in job.pids.values():
+            argv += ["-p", str(pid)]
+        out = tmp / f"fp-{ranks}.jsonl"
+        obs = Observer(argv, out, ready="Tracing")
+        try:
+            ready = obs.wait_ready()
+        except RuntimeError:
+            for r, p in job.procs.items():
+                print(
+                    f"rank {r}: rc {p.poll()}: {(job.run_dir / f'rank{r}.log').read_text()[-800:]}",
+                    file=sys.stderr,
+                )
+            raise
+        obs.mark()
+        first = None
+        while any(p.poll() is None for p in job.procs.values()):
+            obs.touch()
+            if first is None and out.exists() and out.stat().st_size > 0:
+                first = time.monotonic() - obs.t_start
+            time.sleep(0.05)
+        job.wait()
+        cpu = obs.cpu_share()
+        obs.wait(timeout=120)
+        if first is None:
+            first = float("nan")
+        return {"ready": ready, "first": first, "cpu": cpu, "rss": obs.hwm_kb / 1024}
+    finally:
+        job.stop()
+        if obs is not None and obs.p.poll() is None:
+            obs.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 and 2 ranks, 80 steps, 1 rep")
+    ap.add_argument("--ranks", default="1,4,8")
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--reps", type=int, default=2)
+    a = ap.parse_args()
+    if not need_root("footprint"):
+        return 3
+    sizes = [1, 2] if a.quick else [int(x) for x in a.ranks.split(",")]
+    steps, reps = (80, 1) if a.quick else (a.steps, a.reps)
+    import tempfile
+
+    print("# agent footprint: `argus probe --json` (all channels), simulated job, one host\n")
+    print(f"{machine()}\n")
+    print(
+        f"{steps}-step jobs (default preset), the agent started on a running job; median of {reps} run(s)\n"
+    )
+    print(
+        "| probed ranks | start → tracing (s) | start → first data (s) | agent CPU (% of a core) "
+        "| agent peak RSS (MB) |"
+    )
+    print("|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory(prefix="argus-fp-") as t:
+        for n in sizes:
+            rs: List[Dict[str, float]] = [run_one(n, steps, Path(t)) for _ in range(reps)]
+            for r in rs:
+                print(f"  {n} ranks: {r}", file=sys.stderr, flush=True)
+            m = {k: med([r[k] for r in rs]) for k in rs[0]}
+            print(
+                f"| {n} | {m['ready']:.1f} | {m['first']:.1f} | {100 * m['cpu']:.1f}% | {m['rss']:.0f} |",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
