@@ -16,10 +16,11 @@ Conditions:
   cuda     argus probe --no-nccl --no-python --no-host     (libcuda: 27 uprobes/uretprobes pairs)
   nccl     argus probe --no-cuda --no-python --no-host     (libnccl)
   python   argus probe --no-cuda --no-nccl --no-host       (49 Hz stack sampler + sched_switch walks)
-  python+host  argus probe --no-cuda --no-nccl             (+ 19 Hz native stacks, off-CPU time;
+  python+host  argus probe --no-cuda --no-nccl --host-channel  (+ 19 Hz native stacks, off-CPU time;
            `argus probe` refuses the host channel alone: "--no-cuda, --no-cudart and --no-nccl leave
            nothing to probe")
-  all      argus probe                                     (every channel that applies)
+  all      argus probe                                     (the defaults: every channel that applies
+           but the opt-in host channel)
   bpftrace bpftrace: a count() per probe on the same attach points as argus's cuda channel
            (libcuda only: see bpftrace_program) — compare with the cuda row
 """
@@ -51,8 +52,8 @@ CONDITIONS: Dict[str, Optional[List[str]]] = {
     "cuda": ["--no-nccl", "--no-python", "--no-host", *NOGPU],
     "nccl": ["--no-cuda", "--no-python", "--no-host", *NOGPU],
     "python": ["--no-cuda", "--no-nccl", "--no-host", *NOGPU],
-    "python+host": ["--no-cuda", "--no-nccl", *NOGPU],
-    "all": [],
+    "python+host": ["--no-cuda", "--no-nccl", "--host-channel", *NOGPU],
+    "all": [],  # the defaults: every channel but the opt-in host channel
     "bpftrace": None,
 }
 SETTINGS = {"default": ("default", "dp"), "heavy": ("heavy", "tp-dp")}

@@ -9,9 +9,11 @@ Each run: start the ranks, 5 warm-up steps, the ranks wait at a gate while the o
 then N timed steps. Conditions, interleaved (every round runs each once, order rotated):
 
   off           nothing attached
-  argus         `argus probe -p RANK0 -p RANK1 --json`: every channel that applies (a CPU PyTorch
-                process maps no libcuda/libnccl: the Python channel at 49 Hz and the host channel at
-                19 Hz, plus GC pauses from CPython's USDT probes when the interpreter has them)
+  argus         `argus probe -p RANK0 -p RANK1 --json`, the defaults: every channel that applies (a
+                CPU PyTorch process maps no libcuda/libnccl: the Python channel at 49 Hz, plus GC
+                pauses from CPython's USDT probes when the interpreter has them)
+  argus+host    the same with the opt-in host channel (--host-channel: 19 Hz native stacks and
+                off-CPU time with native stacks at every switch-out)
   torch.profiler  in-process, ProfilerActivity.CPU around the timed steps, trace exported after
   torch.profiler+stacks  the same with with_stack=True
   py-spy        `py-spy record --rate 49 --format raw` per rank (the same sampling rate as argus)
@@ -45,7 +47,9 @@ from benchmarks._util import REPO, Observer, machine, med, need_root, spread
 
 TRAIN = REPO / "benchmarks" / "torch_train.py"
 TORCH = "torch==2.13.0"
-CONDITIONS = ["off", "argus", "torch.profiler", "torch.profiler+stacks", "py-spy"]
+CONDITIONS = ["off", "argus", "argus+host", "torch.profiler", "torch.profiler+stacks", "py-spy"]
+# (the defaults leave the host channel off; argus+host turns it on)
+ARGUS_VARIANTS = {"argus": [], "argus+host": ["--host-channel"]}
 HZ = 49
 
 
@@ -117,8 +121,16 @@ def run_one(py: str, cond: str, ranks: int, warmup: int, steps: int) -> Dict[str
                     raise RuntimeError(f"ranks failed: {(d / 'rank0.log').read_text()[-2000:]}")
                 time.sleep(0.05)
             pids = [p.pid for p in procs]
-            if cond == "argus":
-                argv = [sys.executable, "-m", "argus", "probe", "--json", "--no-gpu-metrics"]
+            if cond in ARGUS_VARIANTS:
+                argv = [
+                    sys.executable,
+                    "-m",
+                    "argus",
+                    "probe",
+                    "--json",
+                    "--no-gpu-metrics",
+                    *ARGUS_VARIANTS[cond],
+                ]
                 for pid in pids:
                     argv += ["-p", str(pid)]
                 observers.append(Observer(argv, d / "argus.jsonl", ready="Tracing"))
@@ -153,7 +165,7 @@ def run_one(py: str, cond: str, ranks: int, warmup: int, steps: int) -> Dict[str
             per_step = [sum(x) / len(x) for x in zip(*(r["times"] for r in res))]
             out["step"] = med(per_step)
             out["rss_mb"] = max(r["maxrss_kb"] for r in res) / 1024
-            if cond == "argus":
+            if cond in ARGUS_VARIANTS:
                 produced = (d / "argus.jsonl").stat().st_size
             elif cond == "py-spy":
                 produced = sum(

@@ -126,7 +126,7 @@ def test_simulated_trainer_phases_host_stall_and_gc(tmp_path: Path) -> None:
         run_dir=str(tmp_path),
         injects=["host_stall:rank=1,step=20,seconds=0.4", "gc_pause:rank=0,step=25,seconds=0.3"],
     )
-    job, probe = probed_run(cfg, "--python-hz", "99")
+    job, probe = probed_run(cfg, "--python-hz", "99", "--host-channel")
     got = by_rank_step(probe.steps())
     for rank in (0, 1):
         truth = {r["step"]: r for r in job.ranks[rank].records}
@@ -171,11 +171,16 @@ def test_simulated_trainer_phases_host_stall_and_gc(tmp_path: Path) -> None:
 
 
 def test_channels_switch_off_and_processes_exit_cleanly(tmp_path: Path) -> None:
-    """--no-python keeps the host channel, --no-host keeps the Python one; either way the ranks'
-    exit is reaped without error (a removed process must not touch maps the build left out)."""
-    for off, absent, present in (("--no-python", "python", "host_cpu"), ("--no-host", "host_cpu", "python")):
-        cfg = SimConfig(ranks=2, steps=12, preset="small", run_dir=str(tmp_path / off.strip("-")))
-        _job, probe = probed_run(cfg, off)  # asserts the probe exits 0
+    """--no-python with the host channel on, and the default (Python on, host off); either way the
+    ranks' exit is reaped without error (a removed process must not touch maps the build left out)."""
+    for off, absent, present in (
+        ("--no-python --host-channel", "python", "host_cpu"),
+        ("", "host_cpu", "python"),
+    ):
+        cfg = SimConfig(
+            ranks=2, steps=12, preset="small", run_dir=str(tmp_path / (off.replace(" ", "") or "default"))
+        )
+        _job, probe = probed_run(cfg, *off.split())  # asserts the probe exits 0
         steps = [d for d in probe.steps() if d.get("step") is not None]
         assert len(steps) >= 16, len(steps)
         assert all(absent not in d and present in d for d in steps), (off, sorted(steps[0]))

@@ -51,7 +51,14 @@ def python_options(f: F) -> F:
             show_default=True,
             help="Folded stacks kept per step (python and host sections).",
         ),
-        click.option("--no-host", is_flag=True, help="Skip the host channel (native stacks, off-CPU time)."),
+        click.option(
+            "--host-channel/--no-host",
+            "host_channel",
+            default=None,
+            help="Host channel: native+kernel stacks and off-CPU time per thread. Off by default in "
+            "`probe` (measured on a CPU PyTorch loop: +59% step time, the agent symbolising native "
+            "stacks on 65% of a core); on by default in `record`.",
+        ),
         click.option(
             "--host-hz",
             type=click.IntRange(1, 999),
@@ -66,7 +73,9 @@ def python_options(f: F) -> F:
     return f
 
 
-def from_cli(aux: Dict[str, Any]) -> Tuple[List[Channel], PyOptions, Dict[str, Any]]:
+def from_cli(
+    aux: Dict[str, Any], host_default: bool = False
+) -> Tuple[List[Channel], PyOptions, Dict[str, Any]]:
     """(channels to add, Python options, BpfOptions fields) from the parsed options."""
     rules = []
     for spec in aux.get("phases", ()):
@@ -76,7 +85,8 @@ def from_cli(aux: Dict[str, Any]) -> Tuple[List[Channel], PyOptions, Dict[str, A
             raise UsageError(f"--phase: {e}", "e.g. --phase forward=MyModel.forward") from None
     if aux.get("no_default_phases") and not rules:
         raise UsageError("--no-default-phases without any --phase names no phase", "add --phase NAME=PATTERN")
-    python, host_on = not aux.get("no_python"), not aux.get("no_host")
+    python = not aux.get("no_python")
+    host_on = host_default if aux.get("host_channel") is None else bool(aux.get("host_channel"))
     channels: List[Channel] = []
     if python:
         channels.append(cpython.CHANNEL)

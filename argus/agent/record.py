@@ -93,7 +93,7 @@ def record_cmd(
             raise NoSuchProcess(f"no process with pid {pid}", "check the pid: ps -eo pid,cmd | grep -i train")
     chosen = ((libcuda.CHANNEL, no_cuda), (libcudart.CHANNEL, no_cuda), (libnccl.CHANNEL, no_nccl))
     channels = [c for c, off in chosen if not off]
-    aux_channels, py_opts, bpf_extra = pyopts.from_cli(aux)
+    aux_channels, py_opts, bpf_extra = pyopts.from_cli(aux, host_default=True)
     channels += aux_channels
     opts = bpfprog.BpfOptions(ringbuf_pages=ringbuf_pages, record=True, **bpf_extra)
     for pid in pids:
