@@ -199,7 +199,7 @@ def tools(quick: bool) -> List[Tool]:
     out = [
         Tool("argus python 49 Hz", [*argus, "--no-host", "--python-hz", "49"], "Tracing"),
         Tool("argus python 99 Hz", [*argus, "--no-host", "--python-hz", "99"], "Tracing"),
-        Tool("argus python+host 49+19 Hz", [*argus, "--python-hz", "49"], "Tracing"),
+        Tool("argus python+host 49+19 Hz", [*argus, "--host-channel", "--python-hz", "49"], "Tracing"),
     ]
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if Path(spy).exists():
