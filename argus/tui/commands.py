@@ -10,25 +10,10 @@ from typing import Dict, List, Optional, Tuple
 
 import click
 
+from argus.aggregator.cli import parse_steps
 from argus.errors import UsageError
 from argus.tui.feed import Feed, decode_alert, jobs, k_alerts
 from argus.tui.top import connect, pick_job
-
-
-def parse_steps(text: Optional[str]) -> Optional[Tuple[int, int]]:
-    if not text:
-        return None
-    a, sep, b = text.partition(":")
-    try:
-        lo = int(a) if a else 0
-        hi = int(b) if b else 1 << 62
-    except ValueError:
-        raise UsageError(
-            f"--steps '{text}' is not A:B", "e.g. --steps 40:90, --steps 40: or --steps :90"
-        ) from None
-    if not sep or lo > hi:
-        raise UsageError(f"--steps '{text}' is not A:B with A <= B", "e.g. --steps 40:90")
-    return lo, hi
 
 
 @click.command("report")
