@@ -25,18 +25,22 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from argus.agent import identity  # noqa: E402
+from argus.agent.bpfprog import BpfOptions  # noqa: E402
 from argus.agent.session import Session  # noqa: E402
 from argus.sim.build import build  # noqa: E402
 from argus.sim.launcher import SimConfig, SimJob  # noqa: E402
 
 KINDS: List[Tuple[str, str]] = [
     ("ncclGroupStartOnly", "uprobe only: group-depth counter (ncclGroupStart)"),
-    ("cuLaunchKernel", "uprobe + uretprobe: per-kernel counter, latency histogram"),
+    ("cuLaunchKernel", "uprobe: per-kernel counter (the default: launch returns are not probed)"),
     ("cuEventRecord", "uprobe: ring-buffer record (no wakeup) + uretprobe: result"),
     ("cuEventQuery", "uretprobe only: result counted when non-zero"),
     ("ncclGroupStart", "GroupStart+GroupEnd pair: 2 uprobes (counters) + 1 uretprobe"),
     ("ncclGetVersion", "uretprobe on a single-stepped first instruction (reported as slow)"),
 ]
+
+
+LAUNCH_LAT = "cuLaunchKernel --launch-latency"
 
 
 def build_driver() -> Path:
@@ -75,11 +79,19 @@ def per_hit(reps: int, n: int) -> List[Tuple[str, str, float, float, float]]:
     try:
         on = {fn: [one_run(driver, libs.directory, fn, n, session) for _ in range(reps)] for fn, _ in KINDS}
     finally:
+        session.close()  # in the foreground: its uprobes must be gone before the next session's runs
+    # --launch-latency adds the launch's uretprobe
+    session = Session(opts=BpfOptions(launch_latency=True))
+    try:
+        lat = [one_run(driver, libs.directory, "cuLaunchKernel", n, session) for _ in range(reps)]
+    finally:
         session.close(background=True)
     rows = []
     for fn, desc in KINDS:
         mo, mi = statistics.median(off[fn]), statistics.median(on[fn])
         rows.append((fn, desc, mo, mi, mi - mo))
+    mo, mi = statistics.median(off["cuLaunchKernel"]), statistics.median(lat)
+    rows.insert(2, (LAUNCH_LAT, "uprobe + uretprobe: counter, latency histogram", mo, mi, mi - mo))
     return rows
 
 
@@ -207,7 +219,8 @@ def main() -> int:
     rows = [
         ("uprobe (emulated first instruction)", "ncclGroupStart alone", cost["ncclGroupStartOnly"]),
         ("uretprobe", "cuEventQuery (return probe only)", cost["cuEventQuery"]),
-        ("uprobe + uretprobe (a kernel launch)", "cuLaunchKernel", cost["cuLaunchKernel"]),
+        ("uprobe (a kernel launch, the default)", "cuLaunchKernel", cost["cuLaunchKernel"]),
+        ("uprobe + uretprobe (a kernel launch with --launch-latency)", LAUNCH_LAT, cost[LAUNCH_LAT]),
         (
             "ring-buffer record (a uprobe's 48-byte record, no wakeup)",
             "cuEventRecord − cuEventQuery",

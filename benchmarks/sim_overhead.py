@@ -78,7 +78,7 @@ def bpftrace_program() -> Tuple[str, int]:
         if p.spec.entry:
             parts.append(f"uprobe:{libs.libcuda}:{off:#x} {{ @e[{n}] = count(); }}")
             n += 1
-        if p.spec.ret and p.spec.symbol not in libcuda.ENTRY_ONLY:
+        if p.spec.ret and p.spec.symbol not in libcuda.entry_only(launch_returns=False):
             parts.append(f"uretprobe:{libs.libcuda}:{off:#x} {{ @r[{n}] = count(); }}")
             n += 1
     parts.append('BEGIN { printf("bpftrace attached\\n"); }')

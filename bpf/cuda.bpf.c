@@ -263,8 +263,7 @@ int cuEventRecord_entry(struct pt_regs *ctx) {
     r->event = PT_REGS_PARM1(ctx);
     r->stream = PT_REGS_PARM2(ctx);
     records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
-    py_native_hit(CALL_cuEventRecord, PT_REGS_PARM1(ctx), PY_HIT_EVENT);
-    py_tail(ctx);
+    py_native_hit(CALL_cuEventRecord, PT_REGS_PARM1(ctx), PY_HIT_EVENT); /* no walk: see PY_HIT_EVENT */
     return 0;
 }
 RESULT_PROBE(cuEventRecord)

@@ -50,7 +50,7 @@ static __always_inline int nccl_enter(u32 call, u64 comm, u64 count, u64 dtype, 
     s.a[5] = (u64)peer;
     save_scratch(CLASS_NCCL, &s);
     inflight_enter(CLASS_NCCL, call, s.enter_ns, comm, seq);
-    py_native_hit(call, comm, PY_HIT_ALWAYS);
+    py_native_hit(call, comm, PY_HIT_COLL);
     return 0;
 }
 

@@ -12,11 +12,13 @@
  * released the GIL, and for 3.12+ where the current thread state is thread-local. Unknown tids
  * that were sampled are reported in `py_unknown` so user space refreshes the list.
  *
- * The same walk runs at native CUDA/NCCL probe hits (py_native_hit): always for syncs,
- * collectives and event records, for every ARGUS_PY_LAUNCH_EVERY-th launch of a thread, and for
- * the first launch after an event record. Each walk is a small record (REC_PY_MARK), so
- * launches, syncs and collectives are attributed to the Python phase that issued them and the
- * framework's own CUDA-event timers to the phase between their events.
+ * The same walk runs at native CUDA/NCCL probe hits (py_native_hit): always for host syncs, for
+ * every ARGUS_PY_COLL_EVERY-th collective and every ARGUS_PY_LAUNCH_EVERY-th launch of a thread
+ * (weighted by the calls it stands for), and for the first launch after an event record. Each
+ * walk is a small record (REC_PY_MARK), so launches, syncs and collectives are attributed to the
+ * Python phase that issued them and the framework's own CUDA-event timers to the phase between
+ * their events. Walks cost ~2 us each (docs/benchmarks.md): these rates keep them to a few dozen
+ * per step.
  *
  * Off-CPU time is accounted in offcpu.bpf.c (sched_switch) with the stack walked here.
  * GC pauses come from the interpreter's gc__start/gc__done USDT probes when it has them; the
@@ -45,9 +47,15 @@ BPF_HASH(py_stacks, u64, struct py_stack, ARGUS_PY_STACKS);
 BPF_PERCPU_ARRAY(py_scratch, struct py_stack, 2);
 BPF_HASH(py_prof, struct prof_key, struct prof_val, ARGUS_AGG_ENTRIES);
 
+#ifndef ARGUS_PY_COLL_EVERY
+#define ARGUS_PY_COLL_EVERY 4
+#endif
+
 struct py_hit_state {
-    u32 countdown;
-    u32 force;
+    u32 countdown;      /* launches until the next walk */
+    u32 force;          /* walk at the next launch (an event record was just made) */
+    u32 coll_countdown; /* collectives until the next walk */
+    u32 pad;
 };
 BPF_HASH(py_hits, u32, struct py_hit_state, 16384);
 
@@ -62,6 +70,15 @@ static __always_inline u64 py_first_frame(struct py_cfg *cfg, u64 tstate) {
     return p;
 }
 
+/* One read per frame: the code, caller and owner fields of every supported layout lie in the
+ * frame's first PY_FRAME_READ bytes (user space checks the offsets: argus/agent/pyagent.py), and a
+ * 72-byte bpf_probe_read_user costs about what one 8-byte read does, so this is ~3x cheaper than a
+ * read per field. The buffer is larger than the read so masked offsets stay inside it. */
+struct py_frame_buf {
+    u8 b[128];
+};
+BPF_PERCPU_ARRAY(py_frame_bufs, struct py_frame_buf, 2);
+
 /* Walk thread `tid`'s frames (it must be the current task); store the stack once; return its id,
  * 0 when the thread has no Python frame or its thread state is not known yet. */
 static __always_inline u64 py_walk(struct py_cfg *cfg, u32 tgid, u32 tid, u32 slot) {
@@ -73,25 +90,24 @@ static __always_inline u64 py_walk(struct py_cfg *cfg, u32 tgid, u32 tid, u32 sl
     if (!*tstate) return 0;
     struct py_stack *st = py_scratch.lookup(&slot);
     if (!st) return 0;
+    struct py_frame_buf *fb = py_frame_bufs.lookup(&slot);
+    if (!fb) return 0;
     u64 frame = py_first_frame(cfg, *tstate);
     u64 h = (0xcbf29ce484222325ULL ^ tgid) * 0x100000001b3ULL; /* ids are per process */
     /* Branch-light on purpose (the verifier walks every unrolled iteration): without an owner
      * byte, read any byte and compare with a value an owner never has. A C-stack shim frame is
-     * stored as code 0 and dropped by user space. */
-    u32 off_code = cfg->off_frame_code, off_back = cfg->off_frame_back;
-    u32 off_owner = cfg->off_frame_owner == OFF_UNKNOWN ? off_code : cfg->off_frame_owner;
+     * stored as code 0 and dropped by user space. Masks keep the verifier sure of the bounds. */
+    u32 off_code = cfg->off_frame_code & 63, off_back = cfg->off_frame_back & 63;
+    u32 off_owner = (cfg->off_frame_owner == OFF_UNKNOWN ? off_code : cfg->off_frame_owner) & 127;
     u8 shim = cfg->off_frame_owner == OFF_UNKNOWN ? 0xff : PY_OWNED_BY_CSTACK;
     u32 n = 0;
     /* a real loop (kernel >= 5.3): unrolled, it would be pasted into every native probe */
 #pragma clang loop unroll(disable)
     for (int i = 0; i < PY_MAX_FRAMES; i++) {
         if (!frame) break;
-        u64 code = 0, back = 0;
-        u8 owner = 0;
-        bpf_probe_read_user(&code, sizeof(code), (void *)(frame + off_code));
-        bpf_probe_read_user(&back, sizeof(back), (void *)(frame + off_back));
-        bpf_probe_read_user(&owner, sizeof(owner), (void *)(frame + off_owner));
-        if (owner == shim) code = 0;
+        if (bpf_probe_read_user(fb->b, PY_FRAME_READ, (void *)frame) != 0) break;
+        u64 code = *(u64 *)(fb->b + off_code), back = *(u64 *)(fb->b + off_back);
+        if (fb->b[off_owner] == shim) code = 0;
         st->code[i] = code;
         h = (h ^ code) * 0x100000001b3ULL;
         frame = back;
@@ -167,11 +183,20 @@ static __always_inline void py_native_hit(u32 call, u64 aux, u32 how) {
     u32 tid = cur_tid();
     u32 weight = 1;
     if (how != PY_HIT_ALWAYS) {
-        struct py_hit_state zero = {.countdown = ARGUS_PY_LAUNCH_EVERY}, *st;
+        /* a thread's first collective is walked: coll_countdown starts at 1 */
+        struct py_hit_state zero = {.countdown = ARGUS_PY_LAUNCH_EVERY, .coll_countdown = 1}, *st;
         st = py_hits.lookup_or_try_init(&tid, &zero);
         if (!st) return;
         if (how == PY_HIT_EVENT) {
             st->force = 1;
+            return;
+        } else if (how == PY_HIT_COLL) {
+            if (st->coll_countdown > 1) {
+                st->coll_countdown -= 1;
+                return;
+            }
+            st->coll_countdown = ARGUS_PY_COLL_EVERY;
+            weight = ARGUS_PY_COLL_EVERY;
         } else if (st->force) {
             st->force = 0;
         } else if (st->countdown > 1) {

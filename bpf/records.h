@@ -179,16 +179,19 @@ struct call_key {
 #define REC_GC 12       /* record mode: one garbage collection */
 
 #define PY_MAX_FRAMES 96
+#define PY_FRAME_READ 72 /* bytes read per frame: every field the walk uses lies in them */
 #define PY_F_TRUNCATED 1
 
 #define PROF_ONCPU 0
 #define PROF_OFFCPU 1
 
 /* How native hits walk the Python stack (py_native_hit). */
-#define PY_HIT_ALWAYS 0 /* low-rate calls: syncs, collectives */
-#define PY_HIT_LAUNCH 1 /* high-rate calls: every ARGUS_PY_LAUNCH_EVERY-th per thread, and the first
-                           after an event record */
-#define PY_HIT_EVENT 2  /* cuEventRecord: always, and forces a walk at the thread's next launch */
+#define PY_HIT_ALWAYS 0 /* host syncs: a few per step */
+#define PY_HIT_LAUNCH 1 /* launches: every ARGUS_PY_LAUNCH_EVERY-th per thread, and the first after
+                           an event record */
+#define PY_HIT_EVENT 2  /* cuEventRecord: no walk; forces one at the thread's next launch (user space
+                           gives the event record the phase of that walk) */
+#define PY_HIT_COLL 3   /* collectives: every ARGUS_PY_COLL_EVERY-th per thread, weighted */
 
 /* Where a USDT argument lives (parsed from the stapsdt note by user space). */
 struct usdt_arg {

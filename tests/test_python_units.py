@@ -4,6 +4,7 @@ the trace builder and its schema check. No root needed."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -32,6 +33,7 @@ from argus.probes.records import (
     USDT_ARG_MEM,
     USDT_ARG_REG,
     RecElapsed,
+    RecEventRecord,
     RecHdr,
     RecOffcpu,
     RecPyCall,
@@ -193,6 +195,10 @@ def mark(call: str, ts: int, stack_id: int, aux: int = 0, weight: int = 1, epoch
     return RecPyMark(h=hdr(7, call, ts, epoch), stack=stack_id, aux=aux, weight=weight)
 
 
+def event_record(ts: int, event: int) -> RecEventRecord:
+    return RecEventRecord(h=hdr(3, "cuEventRecord", ts), event=event, stream=0)
+
+
 def make_section() -> PythonSection:
     stacks: Dict[int, List[Frame]] = {
         1: stack("train_step", "forward"),
@@ -230,13 +236,13 @@ def test_python_section_phases_threads_stacks_and_calls() -> None:
 
 def test_timers_get_the_phase_between_their_events() -> None:
     sec = make_section()
-    sec.on_mark(mark("cuEventRecord", 100, 4, aux=0xA))  # recorded outside the phase (train_step)
+    sec.on_event_record(event_record(100, 0xA))  # recorded outside the phase (train_step)
     sec.on_mark(mark("cuLaunchKernel", 110, 1))  # forced walk at the next launch: forward
     sec.on_mark(mark("cuLaunchKernel", 150, 1, weight=16))
-    sec.on_mark(mark("cuEventRecord", 200, 4, aux=0xB))
-    sec.on_mark(mark("cuEventRecord", 210, 4, aux=0xC))
+    sec.on_event_record(event_record(200, 0xB))
+    sec.on_event_record(event_record(210, 0xC))
     sec.on_mark(mark("cuLaunchKernel", 220, 3))
-    sec.on_mark(mark("cuEventRecord", 300, 4, aux=0xD))
+    sec.on_event_record(event_record(300, 0xD))
     sec.add_prof(0, 100, 1, PROF_ONCPU, 1, 1)
     bits = lambda ms: int.from_bytes(__import__("struct").pack("<f", ms), "little")  # noqa: E731
     timers = [
@@ -252,6 +258,13 @@ def test_timers_get_the_phase_between_their_events() -> None:
     out = sec.summarize([0], timers)
     assert out is not None
     assert out["gpu_phases"] == {"forward": 2_500_000, "optimizer": 1_000_000, OTHER: 500_000}
+    # an event record takes the phase of the walk it forced (the thread's next launch); the last
+    # one has had no launch since, so it waits
+    assert out["calls"] == {
+        "forward": {"launches": 17, "event_records": 1},
+        "optimizer": {"launches": 1, "event_records": 2},
+    }
+    assert sec.pending_events == {100: 1}
 
 
 def test_gc_and_precise_summaries() -> None:
@@ -344,6 +357,17 @@ def test_offset_table_matches_each_interpreters_headers(
 ) -> None:
     derived = cpython_offsets.derive(include)
     assert derived == cpython_offsets.TABLE[version], label
+
+
+def test_every_layout_fits_the_walks_one_read_per_frame() -> None:
+    """bpf/python.bpf.c reads PY_FRAME_READ bytes per frame and takes code, caller and owner from them."""
+    h = (Path(__file__).resolve().parents[1] / "bpf" / "records.h").read_text()
+    assert f"#define PY_FRAME_READ {cpython_offsets.PY_FRAME_READ} " in h
+    for version, offsets in cpython_offsets.TABLE.items():
+        assert offsets.frame_fields_fit(), version
+    bad = dataclasses.replace(cpython_offsets.TABLE[(3, 12)], frame_owner=cpython_offsets.PY_FRAME_READ)
+    assert not bad.frame_fields_fit()
+    assert not dataclasses.replace(bad, frame_owner=cpython_offsets.NONE, frame_back=64).frame_fields_fit()
 
 
 def test_supported_window() -> None:

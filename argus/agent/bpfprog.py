@@ -25,13 +25,19 @@ EARLY_SOURCES = ("python.bpf.c", "host.bpf.c")
 
 @dataclass(frozen=True)
 class BpfOptions:
-    launch_latency: bool = True
+    launch_latency: bool = False  # probe launch returns too (a uretprobe per launch)
     ringbuf_pages: int = 256  # 1 MiB: ~4,000 NCCL records
     max_targets: int = 1024
     python_hz: int = 49  # Python stack sampling (python channel)
     host_hz: int = 19  # native stack sampling (host channel)
     python_launch_every: int = 16  # walk the Python stack at every n-th kernel launch of a thread
+    python_coll_every: int = 4  # ... and at every n-th collective
     record: bool = False  # `argus record`: a record per call, sample and off-CPU span
+
+    @property
+    def launch_returns(self) -> bool:
+        """Whether cuLaunchKernel's return is probed (latency histogram, record, launch errors)."""
+        return self.launch_latency or self.record
 
 
 def cflags(channels: Sequence[Channel], opts: BpfOptions) -> List[str]:
@@ -47,6 +53,7 @@ def cflags(channels: Sequence[Channel], opts: BpfOptions) -> List[str]:
     if "python" in names:
         flags.append(f"-DARGUS_PY_PERIOD_NS={int(1e9 / opts.python_hz)}")
         flags.append(f"-DARGUS_PY_LAUNCH_EVERY={max(1, opts.python_launch_every)}")
+        flags.append(f"-DARGUS_PY_COLL_EVERY={max(1, opts.python_coll_every)}")
     if "host" in names:
         flags.append(f"-DARGUS_HOST_PERIOD_NS={int(1e9 / opts.host_hz)}")
     if opts.record:

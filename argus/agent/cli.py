@@ -137,9 +137,10 @@ def find_candidates(match: Optional[str]) -> List[int]:
 @click.option("--no-nccl", is_flag=True, help="Skip the NCCL channel (libnccl).")
 @click.option(
     "--launch-latency/--no-launch-latency",
-    default=True,
+    default=False,
     show_default=True,
-    help="Histogram of cuLaunchKernel host time (a uretprobe per launch).",
+    help="Also probe every launch's return: a histogram of cuLaunchKernel host time and launch "
+    "errors (a uretprobe per launch, ~1 us more each; off by default for the overhead budget).",
 )
 @click.option(
     "--ringbuf-pages",

@@ -19,9 +19,9 @@ from argus.agent.phases import PhaseMatcher
 from argus.agent.pysection import HostSection, PythonSection
 from argus.probes import cpython, usdt
 from argus.probes.cpython import CodeResolver, Frame, Interpreter, ThreadReader
-from argus.probes.cpython_offsets import NONE
+from argus.probes.cpython_offsets import NONE, PY_FRAME_READ
 from argus.probes.prologue import plan_entry
-from argus.probes.records import PyCfg, RecPyCall, RecPyMark, UsdtArg
+from argus.probes.records import PyCfg, RecEventRecord, RecPyCall, RecPyMark, UsdtArg
 
 OFF_UNKNOWN = 0xFFFFFFFF  # bpf/records.h
 PY_STACKS_CAPACITY = 8192
@@ -96,6 +96,12 @@ class PyAgent:
     def add(self, pid: int, sections: List[Any]) -> PyTarget:
         t = PyTarget(pid)
         interp = cpython.inspect(pid) if self.opts.python else None
+        if interp is not None and not interp.offsets.frame_fields_fit():
+            self.warn(
+                f"pid {pid}: Python {interp.version_text}'s frame layout does not fit the stack walk's "
+                f"{PY_FRAME_READ}-byte read: the Python channel skips this process"
+            )
+            interp = None
         if interp is not None:
             t.interp, t.threads, t.codes = interp, ThreadReader(interp), CodeResolver(interp)
             cfg = self._cfg(interp)
@@ -321,6 +327,10 @@ class PyAgent:
             if t is not None and t.python is not None:
                 t.python.on_call(rec)
             return True
+        if isinstance(rec, RecEventRecord):  # the CUDA channel's record: the tracker wants it too
+            t = self.targets.get(rec.h.tgid)
+            if t is not None and t.python is not None:
+                t.python.on_event_record(rec)
         return False
 
     def drain(self, final: Dict[int, int], final_before: Dict[int, int]) -> None:

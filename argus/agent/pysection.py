@@ -18,7 +18,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 from argus.agent.phases import OTHER, PhaseMatcher, fold
 from argus.probes.base import call_name
 from argus.probes.cpython import Frame
-from argus.probes.records import PROF_OFFCPU, PROF_ONCPU, RecElapsed, RecPyCall, RecPyMark
+from argus.probes.records import PROF_OFFCPU, PROF_ONCPU, RecElapsed, RecEventRecord, RecPyCall, RecPyMark
 
 MAX_MARKS = 20000  # recent native-call walks kept for labelling timers
 MAX_EPOCHS = 4096
@@ -81,6 +81,7 @@ class PythonSection:
         self.mark_ts: List[int] = []
         self.mark_stack: List[int] = []
         self.event_ts: Dict[int, int] = {}  # event -> host time of its latest cuEventRecord
+        self.pending_events: Dict[int, int] = {}  # tid -> event records not yet given a phase
         self._phase: Dict[int, str] = {0: OTHER}
         self._folded: Dict[int, str] = {}
 
@@ -101,14 +102,24 @@ class PythonSection:
 
     def on_mark(self, r: RecPyMark) -> None:
         name = call_name(r.h.call)
-        self._epoch(r.h.epoch).marks[(r.stack, call_class(name))] += r.weight
-        if name == "cuEventRecord":
-            self.event_ts[r.aux] = r.h.ts
-        else:
-            self.mark_ts.append(r.h.ts)
-            self.mark_stack.append(r.stack)
-            if len(self.mark_ts) > 2 * MAX_MARKS:
-                del self.mark_ts[:MAX_MARKS], self.mark_stack[:MAX_MARKS]
+        marks = self._epoch(r.h.epoch).marks
+        marks[(r.stack, call_class(name))] += r.weight
+        # event records are not walked (bpf/python.bpf.c, PY_HIT_EVENT): they force a walk at the
+        # thread's next launch, and take that walk's phase
+        waiting = self.pending_events.pop(r.h.tid, 0)
+        if waiting:
+            marks[(r.stack, "event_records")] += waiting
+        self.mark_ts.append(r.h.ts)
+        self.mark_stack.append(r.stack)
+        if len(self.mark_ts) > 2 * MAX_MARKS:
+            del self.mark_ts[:MAX_MARKS], self.mark_stack[:MAX_MARKS]
+
+    def on_event_record(self, r: RecEventRecord) -> None:
+        """The CUDA channel's cuEventRecord record: when the event was recorded (timer labels)."""
+        self.event_ts[r.event] = r.h.ts
+        self.pending_events[r.h.tid] = self.pending_events.get(r.h.tid, 0) + 1
+        if len(self.event_ts) > MAX_MARKS:  # events are reused; a leak only if they are not
+            self.event_ts.pop(next(iter(self.event_ts)))
 
     def add_gc(self, epoch: int, gen: int, count: int, ns: int, max_ns: int, collected: int) -> None:
         g = self._epoch(epoch).gc.setdefault(gen, [0, 0, 0, 0])

@@ -95,7 +95,7 @@ def record_cmd(
     channels = [c for c, off in chosen if not off]
     aux_channels, py_opts, bpf_extra = pyopts.from_cli(aux, host_default=True)
     channels += aux_channels
-    opts = bpfprog.BpfOptions(ringbuf_pages=ringbuf_pages, record=True, **bpf_extra)
+    opts = bpfprog.BpfOptions(ringbuf_pages=ringbuf_pages, record=True, launch_latency=True, **bpf_extra)
     for pid in pids:
         sess.inspect(pid, channels)
     return Recorder(channels, opts, py_opts, list(pids), duration, output).run()

@@ -150,13 +150,14 @@ class Session:
         if ident in self._attached_inodes:
             return
         path = lp.library.host_path
+        no_return = libcuda.entry_only(self.opts.launch_returns) | libnccl.ENTRY_ONLY
         for p in lp.probes:
             addr = p.vaddr + p.plan.offset
             try:
                 if p.spec.entry:
                     self.bpf.attach_uprobe(name=path, addr=addr, fn_name=f"{p.spec.symbol}_entry")
                     self.health.attached += 1
-                if p.spec.ret and p.spec.symbol not in (libcuda.ENTRY_ONLY | libnccl.ENTRY_ONLY):
+                if p.spec.ret and p.spec.symbol not in no_return:
                     self.bpf.attach_uretprobe(name=path, addr=addr, fn_name=f"{p.spec.symbol}_return")
                     self.health.attached += 1
             except Exception as e:  # bcc raises a bare Exception; the kernel's reason is on stderr

@@ -40,8 +40,19 @@ SPECS = (
     S("cuEventCreate", entry=False),
     S("cuEventQuery", entry=False),
 )
-# calls probed at entry only (none: every CUDA call's result is checked)
+# calls probed at entry only (none: every other CUDA call's result is checked)
 ENTRY_ONLY: frozenset = frozenset()
+# Launches are the hottest calls (hundreds per step): their return costs a uretprobe, ~1.2 us a
+# launch on the CI VM (docs/benchmarks.md), so it is probed only for --launch-latency and `argus
+# record`. A failed launch still shows: frameworks check every launch and raise, and sticky
+# errors come back from the next sync, whose result is counted.
+LAUNCH_CALLS = frozenset({"cuLaunchKernel", "cuLaunchKernelEx"})
+
+
+def entry_only(launch_returns: bool) -> frozenset:
+    """The libcuda calls whose return is not probed."""
+    return ENTRY_ONLY if launch_returns else ENTRY_ONLY | LAUNCH_CALLS
+
 
 CHANNEL = Channel(
     name="cuda", library_re=r"libcuda\.so(\.\d+)*", source="cuda.bpf.c", specs=SPECS, macro="ARGUS_CUDA"
