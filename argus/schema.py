@@ -74,6 +74,7 @@ class RankStep:
     sync_wait_ns: int = 0
     phases: Dict[str, int] = field(default_factory=dict)  # ns
     launches: int = 0
+    launches_sampled: bool = True  # False: the launch probes did not cover this step (--launch-steps)
     kernels: Dict[str, int] = field(default_factory=dict)  # kernel name (or fn@0x..) -> launches
     launch_api_ns: List[Cluster] = field(default_factory=list)  # host time of the launch call
     memcpy: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # kind -> (count, bytes)
@@ -196,6 +197,7 @@ def from_probe(d: dict) -> RankStep:
         sync_wait_ns=wait,
         phases=phases,
         launches=int(launches.get("total", 0)),
+        launches_sampled=bool(launches.get("sampled", True)),
         kernels={k: int(v) for k, v in launches.get("by_kernel", {}).items()},
         launch_api_ns=_clusters_from_log2_hist(launches.get("api_ns_log2_hist", {})),
         memcpy={k: (int(v["count"]), int(v["bytes"])) for k, v in cuda.get("memcpy", {}).items()},

@@ -67,8 +67,8 @@ STEP_FIELDS = {
     "job": "j", "rank": "r", "host": "h", "pid": "p", "step": "s", "start_ns": "t0", "duration_ns": "dt",
     "local_rank": "lr", "world_size": "w", "step_source": "ss", "clock_offset_ns": "co",
     "clock_uncertainty_ns": "cu", "sync_count": "sc", "sync_wait_ns": "sw", "phases": "ph",
-    "phase_stream": "ps", "py_phases": "pp", "launches": "l", "kernels": "k/kx", "launch_api_ns": "la",
-    "memcpy": "mc", "errors": "e", "comms": "c", "drops": "dr", "version": "v",
+    "phase_stream": "ps", "py_phases": "pp", "launches": "l", "launches_sampled": "lu", "kernels": "k/kx",
+    "launch_api_ns": "la", "memcpy": "mc", "errors": "e", "comms": "c", "drops": "dr", "version": "v",
 }  # fmt: skip
 COMM_FIELDS = {
     "comm": "id", "nranks": "n", "rank": "r", "identity": "i", "seqs": "s0/sd", "ops": "op", "nbytes": "b",
@@ -200,6 +200,8 @@ def encode_step(rs: RankStep, inline: Collection[str] = ()) -> bytes:
     ):
         if val != default:
             d[key] = val
+    if not rs.launches_sampled:
+        d["lu"] = 1  # launches unsampled (absent: sampled)
     if rs.phases:
         d["ph"] = rs.phases
     if rs.phase_stream:
@@ -367,7 +369,7 @@ def _dec_comm(d: Any, t0: int) -> CommStep:
 
 _STEP_KEYS = {
     "v", "j", "r", "h", "p", "s", "t0", "dt", "ss", "lr", "w", "co", "cu", "sc", "sw", "ph", "ps", "pp", "l",
-    "k", "kx", "la", "mc", "e", "c", "dr",
+    "lu", "k", "kx", "la", "mc", "e", "c", "dr",
 }  # fmt: skip
 
 
@@ -406,6 +408,7 @@ def _dec_step(d: Dict[Any, Any], names: Mapping[int, str], missing: Optional[Set
         sync_count=as_int(d.get("sc", 0), "sync_count", NONNEG),
         sync_wait_ns=as_int(d.get("sw", 0), "sync_wait_ns", NONNEG),
         launches=as_int(d.get("l", 0), "launches", NONNEG),
+        launches_sampled=not as_int(d.get("lu", 0), "launches unsampled flag", (0, 1)),
         version=d["v"],
     )
     if "ph" in d:

@@ -41,6 +41,11 @@ BENCHMARKS: Dict[str, Tuple[str, List[str], List[str]]] = {
         ["--per-hit-only"],
         ["--quick", "--per-hit-only"],
     ),
+    "bpf_breakdown": (
+        "BPF run time per rank-step on the simulated job, per program (8.1: where the time goes)",
+        [],
+        ["--quick"],
+    ),
     "summary_size": (
         "bytes per rank per step in Redis vs raw events (8.4, 5)",
         ["--probe-arg=--no-host", "--probe-arg=--no-python"],
@@ -61,7 +66,7 @@ BENCHMARKS: Dict[str, Tuple[str, List[str], List[str]]] = {
     ),
 }
 NEEDS_ROOT = {"sim_overhead", "torch_overhead", "probe_overhead", "summary_size", "footprint"}
-NEEDS_ROOT |= {"python_overhead", "diagnosis_accuracy"}
+NEEDS_ROOT |= {"python_overhead", "diagnosis_accuracy", "bpf_breakdown"}
 
 
 def main() -> int:

@@ -13,16 +13,19 @@ removes them in a detached child) so no run pays for the previous one.
 
 Conditions:
   off      nothing attached
-  cuda     argus probe --no-nccl --no-python --no-host     (libcuda: 27 uprobes/uretprobes pairs)
+  cuda     argus probe --no-nccl --no-python --no-host     (libcuda: 44 uprobes/uretprobes; the
+           2 on launches attached 3 steps in 30)
   nccl     argus probe --no-cuda --no-python --no-host     (libnccl)
   python   argus probe --no-cuda --no-nccl --no-host       (49 Hz stack sampler + sched_switch walks)
   python+host  argus probe --no-cuda --no-nccl --host-channel  (+ 19 Hz native stacks, off-CPU time;
            `argus probe` refuses the host channel alone: "--no-cuda, --no-cudart and --no-nccl leave
            nothing to probe")
   all      argus probe                                     (the defaults: every channel that applies
-           but the opt-in host channel)
-  bpftrace bpftrace: a count() per probe on the same attach points as argus's cuda channel
-           (libcuda only: see bpftrace_program) — compare with the cuda row
+           but the opt-in host channel; launches probed 3 steps in 30)
+  all-launches  argus probe --launch-steps all             (the same, launches probed at every step)
+  bpftrace bpftrace: a count() per probe on the same attach points as argus's cuda channel,
+           launches at every step (libcuda only: see bpftrace_program) — the floor for probing
+           every call
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ CONDITIONS: Dict[str, Optional[List[str]]] = {
     "python": ["--no-cuda", "--no-nccl", "--no-host", *NOGPU],
     "python+host": ["--no-cuda", "--no-nccl", "--host-channel", *NOGPU],
     "all": [],  # the defaults: every channel but the opt-in host channel
+    "all-launches": ["--launch-steps", "all"],  # ... with the launch probes attached at every step
     "bpftrace": None,
 }
 SETTINGS = {"default": ("default", "dp"), "heavy": ("heavy", "tp-dp")}

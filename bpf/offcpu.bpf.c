@@ -31,8 +31,12 @@ TRACEPOINT_PROBE(sched, sched_switch) {
 #ifdef ARGUS_HOST
         s.ustack = stack_traces.get_stackid(args, BPF_F_USER_STACK);
         s.kstack = stack_traces.get_stackid(args, 0);
-#endif
         offcpu_starts.update(&prev, &s);
+#else
+        /* no Python stack (a CUDA stream or NCCL thread: most switches of a rank): nothing to
+         * attribute, so no bookkeeping either */
+        if (s.stack) offcpu_starts.update(&prev, &s);
+#endif
     }
     if (!next) return 0;
     struct offcpu_start *s = offcpu_starts.lookup(&next);

@@ -126,7 +126,8 @@ def test_simulated_trainer_phases_host_stall_and_gc(tmp_path: Path) -> None:
         run_dir=str(tmp_path),
         injects=["host_stall:rank=1,step=20,seconds=0.4", "gc_pause:rank=0,step=25,seconds=0.3"],
     )
-    job, probe = probed_run(cfg, "--python-hz", "99", "--host-channel")
+    # launches every step: timers are labelled by the walks at launches
+    job, probe = probed_run(cfg, "--python-hz", "99", "--host-channel", "--launch-steps", "all")
     got = by_rank_step(probe.steps())
     for rank in (0, 1):
         truth = {r["step"]: r for r in job.ranks[rank].records}

@@ -202,6 +202,7 @@ def rank_steps(draw: Any) -> RankStep:
         phase_stream=draw(st.dictionaries(text, st.integers(0, 5), max_size=4)),
         py_phases=draw(st.dictionaries(text, st.integers(0, 10**12), max_size=4)),
         launches=draw(small),
+        launches_sampled=draw(st.booleans()),
         kernels=draw(st.dictionaries(st.text(min_size=1, max_size=60), small, max_size=10)),
         launch_api_ns=draw(clusters()),
         memcpy=draw(st.dictionaries(st.sampled_from(["HtoD", "DtoH", "DtoD"]), st.tuples(small, small))),

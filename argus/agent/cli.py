@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import click
 
 from argus import redisconf
-from argus.agent import bpfprog, identity, pyopts
+from argus.agent import bpfprog, identity, launchwin, pyopts
 from argus.agent import session as sess
 from argus.agent.redisout import RedisOut
 from argus.agent.render import RankView, render
@@ -143,6 +143,14 @@ def find_candidates(match: Optional[str]) -> List[int]:
     "errors (a uretprobe per launch, ~1 us more each; off by default for the overhead budget).",
 )
 @click.option(
+    "--launch-steps",
+    default="3/30",
+    show_default=True,
+    metavar="N/M|all",
+    help="Probe kernel launches for N whole steps of every M: their uprobe is most of what probing "
+    "costs. Steps outside say their launches were not sampled. 'all': every step.",
+)
+@click.option(
     "--ringbuf-pages",
     type=int,
     default=256,
@@ -169,6 +177,7 @@ def probe_cmd(
     no_cudart: bool,
     no_nccl: bool,
     launch_latency: bool,
+    launch_steps: str,
     ringbuf_pages: int,
     **aux: Any,
 ) -> int:
@@ -206,6 +215,10 @@ def probe_cmd(
         raise UsageError("give either -p or --all, not both", "-p PID for given processes, --all for all")
     if rank is not None and len(pids) != 1:
         raise UsageError("--rank applies to exactly one -p PID", "ranks come from each process's RANK")
+    try:
+        window = launchwin.parse(launch_steps)
+    except ValueError as e:
+        raise UsageError(f"--launch-steps {e}", "e.g. --launch-steps 3/30, or all") from None
     if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
         raise UsageError("--ringbuf-pages must be a power of two", "e.g. 256 (1 MiB) or 1024")
     for pid in pids:
@@ -223,6 +236,7 @@ def probe_cmd(
         channels, opts, list(pids), all_, match, interval, duration, as_json, job, rank, host, step_fn, out
     )
     prober.py_opts = py_opts
+    prober.launch_window = window
     prober.gpu_metrics = not aux.get("no_gpu_metrics")
     return prober.run()
 
@@ -233,6 +247,7 @@ class Prober:
     py_opts: Optional[Any] = None  # argus.agent.pyagent.PyOptions (Python and host channels)
     gpu_metrics: bool = False  # NVML channel (argus/gpu.py)
     gpu: Optional[Any] = None
+    launch_window: Optional[Tuple[int, int]] = None  # --launch-steps (argus/agent/launchwin.py)
 
     def __init__(
         self,
@@ -281,7 +296,9 @@ class Prober:
         for pid in self.pids:  # fail before compiling when a pid is not a target
             sess.inspect(pid, self.channels)
         t0 = time.monotonic()
-        s = sess.Session(self.channels, self.opts, self.step_fn, py_opts=self.py_opts)
+        s = sess.Session(
+            self.channels, self.opts, self.step_fn, py_opts=self.py_opts, launch_window=self.launch_window
+        )
         if self.gpu_metrics:
             from argus.gpu import GpuMetrics
 
@@ -330,6 +347,7 @@ class Prober:
             while not self.stop:
                 time.sleep(0.05)
                 s.consume()
+                s.poll_windows()  # --launch-steps: attach or detach the launch probes on time
                 if self.redis is not None:
                     self.redis.tick(s)  # a heartbeat every 2 s, steps or not (a hung job has none)
                 now = time.monotonic()

@@ -39,6 +39,7 @@ class RankView:
     host: str
     steps: int = 0
     last: Optional[dict] = None
+    launched: Optional[dict] = None  # the latest step whose launches were probed
     durations: Deque[int] = field(default_factory=lambda: deque(maxlen=20))
     waits: Deque[int] = field(default_factory=lambda: deque(maxlen=20))
     exited: bool = False
@@ -48,6 +49,8 @@ class RankView:
             return
         self.steps += 1
         self.last = step
+        if step["cuda"]["launches"].get("sampled", True):  # --launch-steps: the latest sampled step
+            self.launched = step
         self.durations.append(step["duration_ns"])
         self.waits.append(step["cuda"]["sync"]["wait_ns"])
 
@@ -118,9 +121,9 @@ def render(
             str(s["step"]),
             fmt_ns(med),
             f"{fmt_ns(wait)} ({100 * wait / med:.0f}%)" if med else fmt_ns(wait),
-            str(s["cuda"]["launches"]["total"]),
+            str(v.launched["cuda"]["launches"]["total"]) if v.launched else "-",
             _top_collective(s),
-            _top_kernels(s),
+            _top_kernels(v.launched) if v.launched else "-",
             _errors(s),
             style=style,
         )

@@ -12,12 +12,14 @@ import ctypes
 import dataclasses
 import functools
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from argus.agent import bpfprog, clock
 from argus.agent.identity import Identity
+from argus.agent.launchwin import ATTACH, DETACH, LaunchWindows
 from argus.agent.tracker import STEP_MARKER, RankTracker
 from argus.errors import EnvironmentProblem, NotATarget, SymbolMissing
 from argus.probes import cpython, libcuda, libcudart, libnccl
@@ -71,10 +73,15 @@ class Session:
         opts: Optional[bpfprog.BpfOptions] = None,
         step_fn: Optional[str] = None,
         py_opts: Optional[Any] = None,
+        launch_window: Optional[Tuple[int, int]] = None,
     ) -> None:
         self.channels = list(channels)
         self.opts = opts or bpfprog.BpfOptions()
         self.step_fn = step_fn
+        # launch probes in windows of whole steps (argus/agent/launchwin.py); None: always attached
+        self.windows = LaunchWindows(*launch_window) if launch_window else None
+        self._launch_sites: List[Tuple[str, int, str]] = []  # (library path, address, symbol)
+        self._launch_fds: Dict[str, int] = {}  # bcc event name -> perf fd, while a window is open
         self.targets: Dict[int, Target] = {}
         self.health = Health()
         self._attached_inodes: Set[Tuple[str, Tuple[int, int]]] = set()
@@ -151,9 +158,17 @@ class Session:
             return
         path = lp.library.host_path
         no_return = libcuda.entry_only(self.opts.launch_returns) | libnccl.ENTRY_ONLY
+        windowed = self.windows is not None and lp.channel.name == "cuda"
         for p in lp.probes:
             addr = p.vaddr + p.plan.offset
             try:
+                if windowed and p.spec.symbol in libcuda.LAUNCH_CALLS:
+                    site = (path, addr, p.spec.symbol)
+                    self._launch_sites.append(site)
+                    if self.windows.is_open():
+                        self._attach_launch(site)
+                    self.health.attached += 1 + int(self.opts.launch_returns)
+                    continue
                 if p.spec.entry:
                     self.bpf.attach_uprobe(name=path, addr=addr, fn_name=f"{p.spec.symbol}_entry")
                     self.health.attached += 1
@@ -167,11 +182,54 @@ class Session:
                     "hold a uprobe at the same address: stop it and retry; or the library file was "
                     "replaced since the process loaded it (restart the process to probe it)",
                 ) from None
-            if not p.plan.fast:
-                self.health.slow_probes.append(
-                    SlowProbe(os.path.basename(path), p.spec.symbol, p.plan.insn, p.plan.note)
-                )
+            finally:
+                if not p.plan.fast:
+                    self.health.slow_probes.append(
+                        SlowProbe(os.path.basename(path), p.spec.symbol, p.plan.insn, p.plan.note)
+                    )
         self._attached_inodes.add(ident)
+
+    # ---- launch windows ------------------------------------------------------------------------------
+
+    def _attach_launch(self, site: Tuple[str, int, str]) -> None:
+        path, addr, sym = site
+        before = set(self.bpf.uprobe_fds)
+        self.bpf.attach_uprobe(name=path, addr=addr, fn_name=f"{sym}_entry")
+        if self.opts.launch_returns:
+            self.bpf.attach_uretprobe(name=path, addr=addr, fn_name=f"{sym}_return")
+        for k in set(self.bpf.uprobe_fds) - before:
+            self._launch_fds[k] = self.bpf.uprobe_fds[k]
+
+    def poll_windows(self) -> None:
+        """Attach or detach the launch probes when their window says so (cheap: call it often)."""
+        if self.windows is None:
+            return
+        what = self.windows.tick(time.monotonic_ns())
+        if what == ATTACH:
+            try:
+                for site in self._launch_sites:
+                    self._attach_launch(site)
+            except Exception as e:  # bcc raises a bare Exception: keep tracing without launches
+                self.health.warnings.append(f"kernel launches are no longer probed: attaching failed ({e})")
+                self._launch_sites.clear()
+            self.windows.opened(time.monotonic_ns())
+        elif what == DETACH:
+            self.windows.closed(time.monotonic_ns())
+            fds = [self.bpf.uprobe_fds.pop(k) for k in self._launch_fds if k in self.bpf.uprobe_fds]
+            self._launch_fds.clear()
+            # each removal waits for an RCU grace period (~0.1 s): not on the loop's time
+            threading.Thread(target=_close_fds, args=(fds,), name="argus-detach", daemon=True).start()
+
+    def _mark_unsampled(self, d: dict) -> None:
+        """Launch data of a step the launch probes did not cover whole: dropped, and said so."""
+        cu = d.get("cuda")
+        if cu is not None and "launches" in cu:
+            cu["launches"] = {"total": 0, "by_kernel": {}, "api_ns_log2_hist": {}, "sampled": False}
+        py = d.get("python")
+        if py is not None:
+            py.pop("gpu_phases", None)  # timers are labelled by the walks at launches
+            for calls in py.get("calls", {}).values():
+                calls.pop("launches", None)
 
     def _attach_step_fn(self, pid: int) -> None:
         """--step-fn [LIB:]SYMBOL: every call ends a step (a native function of the process)."""
@@ -265,6 +323,15 @@ class Session:
                     out.append(tail)
         for d in out:
             d["wall_offset_err_ns"] = err
+        if self.windows is not None:
+            for d in out:
+                if "start_ns" in d and "end_ns" in d and self.windows.sampled(d["start_ns"], d["end_ns"]):
+                    if "launches" in d.get("cuda", {}):
+                        d["cuda"]["launches"]["sampled"] = True
+                else:
+                    self._mark_unsampled(d)
+            self.windows.observe(d["duration_ns"] for d in out if d["step"] is not None)
+            self.poll_windows()
         return out
 
     def inflight(self) -> List[dict]:
@@ -369,3 +436,11 @@ def read_process(pid: int, addr: int, n: int) -> Optional[bytes]:
             return f.read(n)
     except (OSError, ValueError, OverflowError):
         return None
+
+
+def _close_fds(fds: List[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass

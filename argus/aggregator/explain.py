@@ -197,13 +197,18 @@ class Explainer:
     def stall(self, r: int, ev: Dict[str, Any], first: int, step: int) -> Finding:
         gap = ev.get("gap")
         when = f"step {step}" if first == step else f"steps {first}–{step}"
+        if ev.get("launches") is not None:
+            spread = (
+                f", and its {ev['launches']} kernel launches were spread over a {ev['step_ms']:.0f} ms step "
+                f"({ev['launches_per_ms']}/ms vs {ev['normal_launches_per_ms']}/ms normally)"
+            )
+        else:  # the launch probes did not cover the step
+            spread = f", over a {ev['step_ms']:.0f} ms step"
         summary = (
             f"{self.who(r)} stalled on the host in {when}: it reached its collectives "
             f"{ev['late_ms']:.0f} ms after its peers ({gap}); its host time outside GPU waits was "
-            f"{ev['host_other_ms']:.0f} ms vs {ev['peers_host_other_ms']} ms on its peers, and its "
-            f"{ev['launches']} kernel launches were spread over a {ev['step_ms']:.0f} ms step "
-            f"({ev['launches_per_ms']}/ms vs {ev['normal_launches_per_ms']}/ms normally): its GPU sat idle "
-            f"while every other rank waited (baseline step {ev['baseline_step_ms']:.0f} ms). "
+            f"{ev['host_other_ms']:.0f} ms vs {ev['peers_host_other_ms']} ms on its peers{spread}: its GPU "
+            f"sat idle while every other rank waited (baseline step {ev['baseline_step_ms']:.0f} ms). "
             "Data loading, JIT compilation or GC: host stacks would tell which"
         )
         return Finding("host_stall", [r], (first, step), summary, ev)

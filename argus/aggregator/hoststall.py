@@ -67,9 +67,14 @@ def detect(
             "peers_host_other_ms": round(median(ho) / 1e6, 1) if ho else None,
             "step_ms": round(step_ns / 1e6, 1),
             "baseline_step_ms": round(base_step_ns / 1e6, 1),
-            "launches": rs.launches,
-            "launches_per_ms": round(rs.launches / max(rs.duration_ns / 1e6, 1e-9), 2),
-            "normal_launches_per_ms": round(rs.launches / max(base_step_ns / 1e6, 1e-9), 2),
+            # None: the launch probes did not cover this step (argus probe --launch-steps)
+            "launches": rs.launches if rs.launches_sampled else None,
+            "launches_per_ms": round(rs.launches / max(rs.duration_ns / 1e6, 1e-9), 2)
+            if rs.launches_sampled
+            else None,
+            "normal_launches_per_ms": round(rs.launches / max(base_step_ns / 1e6, 1e-9), 2)
+            if rs.launches_sampled
+            else None,
             "gap": where,
             "gap_before_first_collective_ms": None if gap_first is None else round(gap_first / 1e6, 1),
             "cause": "host-side: data loading, JIT compilation or GC (host stacks not collected yet)",

@@ -121,7 +121,8 @@ class JobView:
         r = self.ranks.setdefault(rs.rank, _Rank())
         if r.last is None or (rs.step >= (r.last.step or 0)):
             r.last = rs
-        r.launches.append((rs.launches, rs.duration_ns))
+        if rs.launches_sampled:  # launches/s over the steps the launch probes covered
+            r.launches.append((rs.launches, rs.duration_ns))
         self.groups.observe(rs)
         self.pending.setdefault(rs.step, {})[rs.rank] = rs
         self.max_step = max(self.max_step, rs.step)

@@ -1,0 +1,85 @@
+"""When kernel launches are probed: in windows of whole steps (pure; the session attaches).
+
+A launch is the one call a job makes hundreds to thousands of times a step, and its uprobe trap
+is most of what probing costs (docs/benchmarks.md 8.1). So by default the launch probes are
+attached for `on` whole steps of every rank, then detached for as long again times
+(period - on) / on: they are attached about on/period of the time. A step's launch counts are
+exact when the whole step lies inside a window; the other steps say their launches were not
+sampled. Windows are sized in steps (the typical step time of the latest steps), not seconds, so a
+job with 10 s steps still gets whole steps.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, List, Optional, Tuple
+
+ATTACH, DETACH = "attach", "detach"
+MAX_OPEN_NS = 60_000_000_000  # a window open this long closes, steps or not
+
+
+def parse(text: str) -> Optional[Tuple[int, int]]:
+    """`N/M` -> (N, M): launches probed for N steps of every M; `all` -> None (always). ValueError
+    with the reason on anything else."""
+    t = text.strip().lower()
+    if t in ("all", "always"):
+        return None
+    m = re.fullmatch(r"(\d+)\s*/\s*(\d+)", t)
+    if not m:
+        raise ValueError(f"'{text}' is not N/M (e.g. 3/30) or 'all'")
+    on, period = int(m.group(1)), int(m.group(2))
+    if on < 1 or period < on:
+        raise ValueError(f"'{text}': need 1 <= N <= M")
+    return None if on == period else (on, period)
+
+
+@dataclass
+class LaunchWindows:
+    on: int  # whole steps per window, for every rank
+    period: int  # the window repeats every `period` steps' worth of time
+    max_open_ns: int = MAX_OPEN_NS
+    opened_ns: Optional[int] = None  # the current window: launch probes attached since
+    next_open_ns: int = 0  # closed: open again at this time
+    windows: List[Tuple[int, int]] = field(default_factory=list)  # closed windows (attached, detached)
+    recent: List[int] = field(default_factory=list)  # durations of the latest steps (ns)
+
+    def is_open(self) -> bool:
+        return self.opened_ns is not None
+
+    def sampled(self, start_ns: int, end_ns: int) -> bool:
+        """Whether the probes were attached for the whole of [start_ns, end_ns]."""
+        if self.opened_ns is not None and start_ns >= self.opened_ns:
+            return True
+        return any(a <= start_ns and end_ns <= d for a, d in self.windows)
+
+    def observe(self, durations: Iterable[int]) -> None:
+        """Durations (ns) of steps just reported: the typical step time."""
+        self.recent.extend(durations)
+        del self.recent[:-32]
+
+    def tick(self, now_ns: int) -> Optional[str]:
+        """Whether to attach or detach the launch probes now."""
+        if self.opened_ns is None:
+            return ATTACH if now_ns >= self.next_open_ns else None
+        open_ns = now_ns - self.opened_ns
+        if open_ns >= self.max_open_ns:
+            return DETACH
+        if not self.recent:
+            return None  # no step seen yet: stay open (up to max_open_ns)
+        # steps are reported an interval or two after they end: close by the clock, after the step
+        # that was running at the attach and `on` whole ones of the typical length
+        typical = sorted(self.recent)[len(self.recent) // 2]
+        return DETACH if open_ns >= (self.on + 1) * typical else None
+
+    def opened(self, now_ns: int) -> None:
+        """The launch probes are attached (every breakpoint is in place) as of now."""
+        self.opened_ns = now_ns
+
+    def closed(self, now_ns: int) -> None:
+        """The launch probes start detaching now: later launches may or may not be counted."""
+        assert self.opened_ns is not None
+        self.windows.append((self.opened_ns, now_ns))
+        del self.windows[:-64]  # steps are judged within seconds of their end
+        self.next_open_ns = now_ns + (now_ns - self.opened_ns) * (self.period - self.on) // self.on
+        self.opened_ns = None
