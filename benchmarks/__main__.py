@@ -36,6 +36,11 @@ BENCHMARKS: Dict[str, Tuple[str, List[str], List[str]]] = {
         [],
         ["--quick"],
     ),
+    "torch_inout": (
+        "real PyTorch: argus in and out of one running job by turns, and its cost by accounting (8.2)",
+        [],
+        ["--quick"],
+    ),
     "probe_overhead": (
         "per-hit cost of each probe type, projection at 1e4-1e5 events/GPU-minute (8.3, 3)",
         ["--per-hit-only"],
@@ -66,7 +71,7 @@ BENCHMARKS: Dict[str, Tuple[str, List[str], List[str]]] = {
     ),
 }
 NEEDS_ROOT = {"sim_overhead", "torch_overhead", "probe_overhead", "summary_size", "footprint"}
-NEEDS_ROOT |= {"python_overhead", "diagnosis_accuracy", "bpf_breakdown"}
+NEEDS_ROOT |= {"python_overhead", "diagnosis_accuracy", "bpf_breakdown", "torch_inout"}
 
 
 def main() -> int:

@@ -118,10 +118,13 @@ def run(py: str, out: Path, steps: int, probe: bool, tag: str) -> Dict:
 def captured(path: Path) -> List[str]:
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     steps = [x for x in lines if x.get("step") is not None]
-    out = [f"{len(lines)} JSON records, {len(steps)} with a step number"]
+    # launch counts come from the steps the launch windows covered (--launch-steps, default 3/30)
+    sampled = [x for x in steps if x.get("cuda", {}).get("launches", {}).get("sampled", True)]
+    out = [f"{len(lines)} JSON records, {len(steps)} with a step number, {len(sampled)} with launches"]
     if not lines:
         return out
-    d = (steps or lines)[len(steps or lines) // 2]
+    pick = sampled or steps or lines
+    d = pick[len(pick) // 2]
     cu, nc = d.get("cuda", {}), d.get("nccl", {})
     launches = cu.get("launches", {})
     top = sorted(launches.get("by_kernel", {}).items(), key=lambda kv: -kv[1])[:5]

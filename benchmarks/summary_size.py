@@ -4,7 +4,8 @@ Run (root: it loads BPF): ``sudo .venv/bin/python -m benchmarks.summary_size``
 
 For the simulated job at default rates (``--preset default --layout dp``) and at a heavy setting
 (``--preset heavy --layout tp-dp``: >= 2,000 launches and >= 200 collectives per rank per step) it
-runs 4 ranks under ``argus probe --json --redis`` (a private redis-server on a free port) and reports:
+runs 4 ranks under ``argus probe --json --redis --launch-steps all --launch-latency`` (the fullest
+summary; a private redis-server on a free port) and reports:
 
 * the stream entry payload (the ``d`` field) per rank per step: median and p99, and the Redis memory
   per entry (``MEMORY USAGE`` of the stream / entries); the one-time kernel-name table is separate;
@@ -90,7 +91,10 @@ def run_setting(url: str, preset: str, layout: str, ranks: int, steps: int, extr
     job = SimJob(SimConfig(ranks=ranks, steps=steps, preset=preset, layout=layout, gate=True)).start()
     try:
         job.wait_loaded()
-        args = [sys.executable, "-m", "argus", "probe", "--json", "-i", "0.5s", "--redis", url, *extra]
+        # the fullest summary: launch counts at every step and the launch-latency clusters (the
+        # defaults send less: no clusters, and no kernel counts in 9 steps of 10)
+        args = [sys.executable, "-m", "argus", "probe", "--json", "-i", "0.5s", "--redis", url]
+        args += ["--launch-steps", "all", "--launch-latency", *extra]
         for pid in job.pids.values():
             args += ["-p", str(pid)]
         env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))

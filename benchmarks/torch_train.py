@@ -76,12 +76,21 @@ def main() -> int:
 
         prof = profile(activities=[ProfilerActivity.CPU], with_stack=profiler == "torch-stacks")
         prof.__enter__()
-    times = []
+    times, ends = [], []
+    # BENCH_STOP_FILE (torch_inout.py): every 20 steps rank 0 tells every rank whether to stop, so
+    # they stop at the same step (outside the timed part)
+    stop_file, flag = os.environ.get("BENCH_STOP_FILE"), torch.zeros(1)
     t_all = time.perf_counter()
-    for _ in range(steps):
+    for i in range(steps):
         t0 = time.perf_counter()
         train_step()
         times.append(time.perf_counter() - t0)
+        ends.append(time.monotonic())
+        if stop_file and i % 20 == 19:
+            flag[0] = float(rank == 0 and os.path.exists(stop_file))
+            dist.broadcast(flag, 0)
+            if flag[0] > 0:
+                break
     t_all = time.perf_counter() - t_all
     trace_bytes = 0
     if prof is not None:
@@ -95,6 +104,7 @@ def main() -> int:
         "rank": rank,
         "world": world,
         "times": times,
+        "ends": ends,  # CLOCK_MONOTONIC s at the end of each step
         "wall_s": t_all,
         "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         "trace_bytes": trace_bytes,

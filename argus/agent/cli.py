@@ -192,6 +192,7 @@ def probe_cmd(
       sudo argus probe -p 4242                     # live table for one rank
       sudo argus probe -p 4242 -p 4243 -d 30s --json > steps.jsonl
       sudo argus probe --all --match train.py      # every rank on this host
+      sudo argus probe -p 4242 --launch-steps all  # launch counts at every step (costs more)
       sudo ARGUS_REDIS_PASSWORD_FILE=/etc/argus/redis.pw argus probe --all --redis redis://10.0.0.5:6379/0
       argus probe --ebpf                           # show the BPF program, no root
     """
