@@ -299,6 +299,8 @@ def test_usage_errors() -> None:
     check_error(run_argus("probe"), 2, "-p PID")
     check_error(run_argus("probe", "-p", "1", "--all"), 2)
     check_error(run_argus("probe", "-p", str(os.getpid()), "--ringbuf-pages", "3"), 2, "power of two")
+    bad_window = run_argus("probe", "-p", str(os.getpid()), "--launch-steps", "0/5")
+    check_error(bad_window, 2, "--launch-steps", "N <= M")
 
 
 def test_missing_bcc_and_headers_are_environment_errors(monkeypatch: pytest.MonkeyPatch) -> None:
