@@ -27,17 +27,7 @@ from benchmarks import python_overhead as po
 
 def all_programs() -> Dict[int, Tuple[str, int, int]]:
     """id -> (name, run_time_ns, run_cnt) of every loaded BPF program."""
-
-    class Every:
-        def __contains__(self, _: object) -> bool:
-            return True
-
-    saved = po.PROGRAMS
-    po.PROGRAMS = Every()  # type: ignore[assignment]
-    try:
-        return po.bpf_programs()
-    finally:
-        po.PROGRAMS = saved
+    return po.bpf_programs(names=None)
 
 
 Row = Tuple[str, float, float]  # program, runs per rank-step, ns per run

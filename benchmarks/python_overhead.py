@@ -106,8 +106,8 @@ def _bpf(cmd: int, attr: bytes) -> Tuple[int, bytes]:
     return r, buf.raw
 
 
-def bpf_programs() -> Dict[int, Tuple[str, int, int]]:
-    """id -> (name, run_time_ns, run_cnt) of every loaded BPF program named in PROGRAMS."""
+def bpf_programs(names: Optional[Tuple[str, ...]] = PROGRAMS) -> Dict[int, Tuple[str, int, int]]:
+    """id -> (name, run_time_ns, run_cnt) of every loaded BPF program named in `names` (None: all)."""
     import ctypes
     import struct
 
@@ -125,7 +125,7 @@ def bpf_programs() -> Dict[int, Tuple[str, int, int]]:
         _bpf(OBJ_GET_INFO_BY_FD, struct.pack("<IIQ", fd, 256, ctypes.addressof(info)) + bytes(104))
         os.close(fd)
         name = info.raw[64:80].split(b"\0")[0].decode()
-        if name in PROGRAMS:
+        if names is None or name in names:
             run_ns, runs = struct.unpack_from("<QQ", info.raw, 192)  # bpf_prog_info.run_time_ns, run_cnt
             out[pid] = (name, run_ns, runs)
 

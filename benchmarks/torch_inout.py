@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +30,7 @@ from typing import Dict, List, Optional, Tuple
 from benchmarks._util import Observer, machine, med, need_root
 from benchmarks.bpf_breakdown import all_programs
 from benchmarks.python_overhead import bpf_stats
-from benchmarks.torch_overhead import TRAIN, free_port, trainer_python
+from benchmarks.torch_overhead import start_ranks, trainer_python, wait_ready
 
 # condition, t0, t1 (monotonic s), agent CPU share, BPF run time in the segment (ns, all of argus's programs)
 Segment = Tuple[str, float, float, float, float]
@@ -41,40 +40,11 @@ def run(py: str, pairs: int, seconds: float) -> Tuple[List[Segment], List[Tuple[
     """The segments, and every timed step as (end, seconds)."""
     with tempfile.TemporaryDirectory(prefix="argus-torch-inout-") as tmp:
         d = Path(tmp)
-        port = free_port()
-        procs = []
-        for r in range(2):
-            env = dict(
-                os.environ,
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                RANK=str(r),
-                LOCAL_RANK=str(r),
-                WORLD_SIZE="2",
-                LOCAL_WORLD_SIZE="2",
-                TORCHELASTIC_RUN_ID=f"bench-{port}",
-                OMP_NUM_THREADS="1",
-                PYTHONWARNINGS="ignore",
-                BENCH_STOP_FILE=str(d / "stop"),
-            )
-            log = open(d / f"rank{r}.log", "w")
-            procs.append(
-                subprocess.Popen(
-                    [py, str(TRAIN), str(d), "5", "1000000", "none"],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-            log.close()
+        procs = start_ranks(py, d, 2, ["5", "1000000", "none"], BENCH_STOP_FILE=str(d / "stop"))
         obs: Optional[Observer] = None
         segs: List[Segment] = []
         try:
-            deadline = time.monotonic() + 300
-            while not all((d / f"ready{r}").exists() for r in range(2)):
-                if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
-                    raise RuntimeError(f"ranks failed: {(d / 'rank0.log').read_text()[-2000:]}")
-                time.sleep(0.05)
+            wait_ready(d, procs)
             (d / "go").write_text("go")
             time.sleep(3.0)  # past the first steps' warm-up
             argv = [sys.executable, "-m", "argus", "probe", "--json", "--no-gpu-metrics"]

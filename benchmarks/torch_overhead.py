@@ -83,43 +83,52 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_ranks(py: str, d: Path, ranks: int, args: List[str], **env: str) -> List[subprocess.Popen]:
+    """The ranks of benchmarks/torch_train.py (args: WARMUP STEPS PROFILER), torchrun-style env,
+    logs in d/rank<R>.log; `env` adds variables."""
+    port = free_port()
+    procs = []
+    for r in range(ranks):
+        renv = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(r),
+            LOCAL_RANK=str(r),
+            WORLD_SIZE=str(ranks),
+            LOCAL_WORLD_SIZE=str(ranks),
+            TORCHELASTIC_RUN_ID=f"bench-{port}",
+            OMP_NUM_THREADS="1",
+            PYTHONWARNINGS="ignore",
+            **env,
+        )
+        with open(d / f"rank{r}.log", "w") as log:
+            procs.append(
+                subprocess.Popen(
+                    [py, str(TRAIN), str(d), *args], env=renv, stdout=log, stderr=subprocess.STDOUT
+                )
+            )
+    return procs
+
+
+def wait_ready(d: Path, procs: List[subprocess.Popen], timeout: float = 300) -> None:
+    """Until every rank has done its warm-up and waits at the gate."""
+    deadline = time.monotonic() + timeout
+    while not all((d / f"ready{r}").exists() for r in range(len(procs))):
+        if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+            raise RuntimeError(f"ranks failed: {(d / 'rank0.log').read_text()[-2000:]}")
+        time.sleep(0.05)
+
+
 def run_one(py: str, cond: str, ranks: int, warmup: int, steps: int) -> Dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="argus-torch-") as tmp:
         d = Path(tmp)
-        port = free_port()
         prof = {"torch.profiler": "torch", "torch.profiler+stacks": "torch-stacks"}.get(cond, "none")
-        procs = []
-        for r in range(ranks):
-            env = dict(
-                os.environ,
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                RANK=str(r),
-                LOCAL_RANK=str(r),
-                WORLD_SIZE=str(ranks),
-                LOCAL_WORLD_SIZE=str(ranks),
-                TORCHELASTIC_RUN_ID=f"bench-{port}",
-                OMP_NUM_THREADS="1",
-                PYTHONWARNINGS="ignore",
-            )
-            log = open(d / f"rank{r}.log", "w")
-            procs.append(
-                subprocess.Popen(
-                    [py, str(TRAIN), str(d), str(warmup), str(steps), prof],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-            log.close()
+        procs = start_ranks(py, d, ranks, [str(warmup), str(steps), prof])
         observers: List[Observer] = []
         out: Dict[str, float] = {}
         try:
-            deadline = time.monotonic() + 300
-            while not all((d / f"ready{r}").exists() for r in range(ranks)):
-                if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
-                    raise RuntimeError(f"ranks failed: {(d / 'rank0.log').read_text()[-2000:]}")
-                time.sleep(0.05)
+            wait_ready(d, procs)
             pids = [p.pid for p in procs]
             if cond in ARGUS_VARIANTS:
                 argv = [

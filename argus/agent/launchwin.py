@@ -43,6 +43,7 @@ class LaunchWindows:
     next_open_ns: int = 0  # closed: open again at this time
     windows: List[Tuple[int, int]] = field(default_factory=list)  # closed windows (attached, detached)
     recent: List[int] = field(default_factory=list)  # durations of the latest steps (ns)
+    typical_ns: int = 0  # their median; 0 until a step was seen
 
     def is_open(self) -> bool:
         return self.opened_ns is not None
@@ -54,9 +55,12 @@ class LaunchWindows:
         return any(a <= start_ns and end_ns <= d for a, d in self.windows)
 
     def observe(self, durations: Iterable[int]) -> None:
-        """Durations (ns) of steps just reported: the typical step time."""
+        """Durations (ns) of steps just reported: the typical step time (their median)."""
+        n = len(self.recent)
         self.recent.extend(durations)
-        del self.recent[:-32]
+        if len(self.recent) != n:
+            del self.recent[:-32]
+            self.typical_ns = sorted(self.recent)[len(self.recent) // 2]
 
     def tick(self, now_ns: int) -> Optional[str]:
         """Whether to attach or detach the launch probes now."""
@@ -65,12 +69,11 @@ class LaunchWindows:
         open_ns = now_ns - self.opened_ns
         if open_ns >= self.max_open_ns:
             return DETACH
-        if not self.recent:
+        if not self.typical_ns:
             return None  # no step seen yet: stay open (up to max_open_ns)
         # steps are reported an interval or two after they end: close by the clock, after the step
         # that was running at the attach and `on` whole ones of the typical length
-        typical = sorted(self.recent)[len(self.recent) // 2]
-        return DETACH if open_ns >= (self.on + 1) * typical else None
+        return DETACH if open_ns >= (self.on + 1) * self.typical_ns else None
 
     def opened(self, now_ns: int) -> None:
         """The launch probes are attached (every breakpoint is in place) as of now."""

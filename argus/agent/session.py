@@ -162,19 +162,19 @@ class Session:
         for p in lp.probes:
             addr = p.vaddr + p.plan.offset
             try:
-                if windowed and p.spec.symbol in libcuda.LAUNCH_CALLS:
+                if windowed and p.spec.symbol in libcuda.LAUNCH_CALLS:  # attached by poll_windows
                     site = (path, addr, p.spec.symbol)
                     self._launch_sites.append(site)
-                    if self.windows.is_open():
+                    if self.windows is not None and self.windows.is_open():
                         self._attach_launch(site)
                     self.health.attached += 1 + int(self.opts.launch_returns)
-                    continue
-                if p.spec.entry:
-                    self.bpf.attach_uprobe(name=path, addr=addr, fn_name=f"{p.spec.symbol}_entry")
-                    self.health.attached += 1
-                if p.spec.ret and p.spec.symbol not in no_return:
-                    self.bpf.attach_uretprobe(name=path, addr=addr, fn_name=f"{p.spec.symbol}_return")
-                    self.health.attached += 1
+                else:
+                    if p.spec.entry:
+                        self.bpf.attach_uprobe(name=path, addr=addr, fn_name=f"{p.spec.symbol}_entry")
+                        self.health.attached += 1
+                    if p.spec.ret and p.spec.symbol not in no_return:
+                        self.bpf.attach_uretprobe(name=path, addr=addr, fn_name=f"{p.spec.symbol}_return")
+                        self.health.attached += 1
             except Exception as e:  # bcc raises a bare Exception; the kernel's reason is on stderr
                 raise EnvironmentProblem(
                     f"cannot attach a uprobe to {p.spec.symbol} in {path} at {addr:#x}: {e}",
@@ -182,11 +182,10 @@ class Session:
                     "hold a uprobe at the same address: stop it and retry; or the library file was "
                     "replaced since the process loaded it (restart the process to probe it)",
                 ) from None
-            finally:
-                if not p.plan.fast:
-                    self.health.slow_probes.append(
-                        SlowProbe(os.path.basename(path), p.spec.symbol, p.plan.insn, p.plan.note)
-                    )
+            if not p.plan.fast:
+                self.health.slow_probes.append(
+                    SlowProbe(os.path.basename(path), p.spec.symbol, p.plan.insn, p.plan.note)
+                )
         self._attached_inodes.add(ident)
 
     # ---- launch windows ------------------------------------------------------------------------------
