@@ -40,12 +40,13 @@ def measure(ranks: int, seconds: float, probe_args: List[str]) -> Tuple[List[Row
     obs = None
     try:
         job.wait_loaded()
+        before = set(all_programs())  # another tool's programs are not argus's
         argv = [sys.executable, "-m", "argus", "probe", "--json", *probe_args]
         for pid in job.pids.values():
             argv += ["-p", str(pid)]
         obs = Observer(argv, ready="Tracing")
         obs.wait_ready()
-        mine = set(all_programs())  # loaded by now: argus's programs plus whatever was there before
+        mine = set(all_programs()) - before
         po.bpf_stats(True)
         job.release()
         time.sleep(2.0)
