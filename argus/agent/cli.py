@@ -371,7 +371,13 @@ class Prober:
         return 0
 
     def _emit(self, s: sess.Session, live: Optional[object]) -> None:
-        for pid in s.reap():
+        gone = s.exited()
+        if gone and self.redis is not None:
+            # one more heartbeat while they are still known: where each rank got to (its last
+            # collective per communicator) stays on record after it exits, even for a short job
+            s.consume()
+            self.redis.tick(s, force=True)
+        for pid in s.reap(gone):
             v = self.views.get(pid)
             if v is not None:
                 v.exited = True

@@ -354,9 +354,13 @@ class Session:
                 )
         return out
 
-    def reap(self) -> List[int]:
-        """Targets that exited since the last call (their remaining steps are flushed)."""
-        gone = [pid for pid, t in self.targets.items() if t.alive and process_gone(pid)]
+    def exited(self) -> List[int]:
+        """Targets whose process is gone but that are still tracked (see `reap`)."""
+        return [pid for pid, t in self.targets.items() if t.alive and process_gone(pid)]
+
+    def reap(self, gone: Optional[List[int]] = None) -> List[int]:
+        """Stop tracking exited targets (`gone`, or those found now); their remaining steps are flushed."""
+        gone = self.exited() if gone is None else gone
         for pid in gone:
             self.remove(pid)
         return gone
