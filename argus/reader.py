@@ -8,6 +8,8 @@ so several aggregators share one job and a crashed one loses nothing:
   more than `claim_idle_ms` (``XAUTOCLAIM``: a dead aggregator's work), then reads new entries;
 * every entry is validated by `argus.wire.decode_step`; a rejected entry is acknowledged (it will
   never become valid) and counted in ``rejected[reason]``; nothing in an entry is ever executed;
+  fields of a newer agent that this version skips are counted in ``ignored``; `notices()` turns
+  these counts into the lines a person is shown;
 * an entry seen twice (a publisher re-sends a pipeline that failed midway) is acknowledged and
   counted in ``duplicates``, not returned again;
 * the caller acknowledges what it has processed with `ack()`.
@@ -25,7 +27,7 @@ from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 import msgpack
 
 from argus import wire
-from argus.errors import RedisUnavailable
+from argus.errors import BadData, RedisUnavailable
 from argus.schema import Heartbeat, RankStep
 from argus.transport import k_agent, k_agents, k_hb, k_names, k_steps
 
@@ -47,10 +49,54 @@ class ReaderStats:
     trimmed: int = 0  # pending entries that MAXLEN removed before they were read
     unknown_names: int = 0
     rejected: Dict[str, int] = field(default_factory=dict)  # reason -> count
+    ignored: Dict[str, int] = field(default_factory=dict)  # "step:key" -> entries that carried it
 
     @property
     def rejected_total(self) -> int:
         return sum(self.rejected.values())
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+    def ignore(self, keys: Set[str]) -> None:
+        for k in keys:
+            self.ignored[k] = self.ignored.get(k, 0) + 1
+
+
+def _rejected(stats: ReaderStats, job: str) -> Tuple[str, str]:
+    """(what was rejected, why that may be) for the lines below."""
+    reasons = ", ".join(f"{r} {c}" for r, c in sorted(stats.rejected.items(), key=lambda x: -x[1]))
+    if set(stats.rejected) <= {"version", "heartbeat:version"}:
+        return reasons, "a newer argus wrote them (another schema version): upgrade this reader"
+    return reasons, (
+        f"something other than argus writes to argus:{job}:*, or the data was damaged; "
+        f"look with: redis-cli XRANGE {k_steps(job)} - + COUNT 3"
+    )
+
+
+def notices(stats: ReaderStats, job: str) -> List[str]:
+    """What a person should hear about the job's entries that were skipped (empty when none were)."""
+    out: List[str] = []
+    if stats.rejected:
+        n = stats.rejected_total
+        reasons, hint = _rejected(stats, job)
+        out += [f"WARNING: skipped {n} malformed entr{'y' if n == 1 else 'ies'} of job {job} ({reasons})"]
+        out += [f"HINT: {hint}"]
+    if stats.ignored:
+        keys = ", ".join(sorted(stats.ignored))
+        out.append(
+            f"NOTE: job {job}'s entries carry fields this argus version skips ({keys}): "
+            "a newer agent wrote them; upgrade this reader to use them"
+        )
+    return out
+
+
+def require_readable(stats: ReaderStats, job: str, valid: int) -> None:
+    """Entries were there but none was valid: a tool reading them cannot go on (exit 9)."""
+    if valid == 0 and stats.rejected_total:
+        reasons, hint = _rejected(stats, job)
+        n = stats.rejected_total
+        raise BadData(f"none of the {n} entries of job {job} is readable ({reasons})", hint)
 
 
 def _key(rs: RankStep) -> Tuple[Any, ...]:
@@ -181,7 +227,7 @@ class Reader:
         for eid, fields, rs, m in decoded:
             if rs is not None and m:
                 m2: Set[int] = set()
-                rs = self._decode(eid, fields, drop, m2)
+                rs = self._decode(eid, fields, drop, m2, again=True)
                 self.stats.unknown_names += len(m2)
             if rs is not None:
                 self._emit(eid, rs, out, drop)
@@ -190,7 +236,12 @@ class Reader:
         return out
 
     def _decode(
-        self, eid: bytes, fields: Optional[Dict[bytes, bytes]], drop: List[bytes], missing: Optional[Set[int]]
+        self,
+        eid: bytes,
+        fields: Optional[Dict[bytes, bytes]],
+        drop: List[bytes],
+        missing: Optional[Set[int]],
+        again: bool = False,
     ) -> Optional[RankStep]:
         if not fields:  # the entry was trimmed away while pending
             self.stats.trimmed += 1
@@ -200,14 +251,18 @@ class Reader:
         if data is None or len(fields) != 1:
             self._reject("fields", eid, drop)
             return None
+        ignored: Set[str] = set()
         try:
-            return wire.decode_step(data, self.names, missing)
+            rs = wire.decode_step(data, self.names, missing, ignored)
         except wire.WireError as e:
             self._reject(e.reason, eid, drop)
             return None
+        if ignored and not again:  # counted once, not again when kernel names are resolved
+            self.stats.ignore(ignored)
+        return rs
 
     def _reject(self, reason: str, eid: bytes, drop: List[bytes]) -> None:
-        self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
+        self.stats.reject(reason)
         drop.append(eid)
 
     def _emit(self, eid: bytes, rs: RankStep, out: List[Message], drop: List[bytes]) -> None:
@@ -253,14 +308,22 @@ def iter_steps(
             yield m.id, m.step
 
 
-def heartbeats(client: Any, job: str, since: str = "-", count: int = 1000) -> List[Tuple[bytes, Heartbeat]]:
-    """Heartbeats after `since` (an entry id; "-" for all kept), invalid ones skipped."""
+def heartbeats(
+    client: Any, job: str, since: str = "-", count: int = 1000, stats: Optional[ReaderStats] = None
+) -> List[Tuple[bytes, Heartbeat]]:
+    """Heartbeats after `since` (an entry id; "-" for all kept), invalid ones skipped (and counted
+    in `stats` as ``heartbeat:REASON``)."""
     out = []
     for eid, fields in client.xrange(k_hb(job), min=since, count=count):
+        ignored: Set[str] = set()
         try:
-            out.append((eid, wire.decode_heartbeat((fields or {}).get(b"d"))))
-        except wire.WireError:
+            out.append((eid, wire.decode_heartbeat((fields or {}).get(b"d"), ignored)))
+        except wire.WireError as e:
+            if stats is not None:
+                stats.reject(f"heartbeat:{e.reason}")
             continue
+        if stats is not None and ignored:
+            stats.ignore(ignored)
     return out
 
 

@@ -86,7 +86,15 @@ def str_int_map(v: Any, what: str, rng: Tuple[int, int] = I64) -> Dict[str, int]
     return m
 
 
-def only_keys(d: Dict[Any, Any], allowed: Set[str], what: str) -> None:
-    extra = d.keys() - allowed
-    if extra:
-        raise WireError("type", f"{what}: unknown key(s) {sorted(map(repr, extra))[:5]}")
+MAX_KEY = 8  # wire keys are short strings; anything else is not what an encoder wrote
+
+
+def known_keys(d: Dict[Any, Any], allowed: Set[str], what: str, ignored: Optional[Set[str]] = None) -> None:
+    """Keys outside `allowed` are a newer writer's additions: skipped (named in `ignored` as
+    ``what:key``) so that readers keep working while agents are upgraded first. A field that an
+    older reader must not skip comes with a new schema version instead (docs/schema.md)."""
+    for k in d.keys() - allowed:
+        if type(k) is not str or not 0 < len(k) <= MAX_KEY:
+            raise WireError("type", f"{what}: key {k!r:.40} is not a short string")
+        if ignored is not None:
+            ignored.add(f"{what}:{k}")

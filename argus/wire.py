@@ -3,9 +3,11 @@
 `encode_step` / `encode_heartbeat` turn the decoded contract (argus.schema) into a few hundred
 bytes to a couple of KB; `decode_step` / `decode_heartbeat` rebuild it and reject anything that is
 not exactly what an encoder of a supported schema version writes: wrong types, oversized strings,
-arrays or entries, out-of-range numbers, unknown keys, truncated or trailing bytes. Every rejection
-is a `WireError` (a `BadData`) carrying a short `reason` that readers count. msgpack only: no
-pickle, no eval, no extension types.
+arrays or entries, out-of-range numbers, keys that are not short strings, truncated or trailing
+bytes. Every rejection is a `WireError` (a `BadData`) carrying a short `reason` that readers count.
+Short string keys this version does not know are skipped and named in `ignored`: a newer agent's
+optional fields (readers are upgraded after agents; a field that must not be skipped bumps the
+schema version instead). msgpack only: no pickle, no eval, no extension types.
 
 What is quantised (everything else round-trips exactly):
 
@@ -45,7 +47,7 @@ from argus.validate import (
     as_list,
     as_map,
     as_str,
-    only_keys,
+    known_keys,
     opt_int,
     str_int_map,
 )
@@ -312,9 +314,9 @@ def _unrle(v: Any, what: str, n: int, conv: Any) -> List[Any]:
 _COMM_KEYS = {"id", "n", "r", "i", "s0", "sd", "op", "b", "a", "hb", "hq", "p", "hc"}
 
 
-def _dec_comm(d: Any, t0: int) -> CommStep:
+def _dec_comm(d: Any, t0: int, ignored: Optional[Set[str]]) -> CommStep:
     d = as_map(d, "comm", 32)
-    only_keys(d, _COMM_KEYS, "comm")
+    known_keys(d, _COMM_KEYS, "comm", ignored)
     cid = f"{as_int(d.get('id'), 'comm id', U64):016x}"
     ident = as_str(d.get("i"), "comm identity")
     if ident not in IDENTITIES:
@@ -374,23 +376,29 @@ _STEP_KEYS = {
 
 
 def decode_step(
-    data: Any, names: Optional[Mapping[int, str]] = None, missing: Optional[Set[int]] = None
+    data: Any,
+    names: Optional[Mapping[int, str]] = None,
+    missing: Optional[Set[int]] = None,
+    ignored: Optional[Set[str]] = None,
 ) -> RankStep:
     """Validate and rebuild a RankStep. Interned kernel ids absent from `names` decode as
-    ``#xxxxxxxx`` and are added to `missing` (a reader fetches them and decodes again)."""
+    ``#xxxxxxxx`` and are added to `missing` (a reader fetches them and decodes again); keys of a
+    newer schema are skipped and added to `ignored`."""
     d = _unpack(data)
     if "hb" in d:
         raise WireError("kind", "a heartbeat, not a step")
     try:
-        return _dec_step(d, names or {}, missing)
+        return _dec_step(d, names or {}, missing, ignored)
     except WireError:
         raise
     except (TypeError, ValueError, KeyError, OverflowError, AttributeError) as e:  # belt and braces
         raise WireError("invalid", f"{type(e).__name__}: {e}"[:200]) from None
 
 
-def _dec_step(d: Dict[Any, Any], names: Mapping[int, str], missing: Optional[Set[int]]) -> RankStep:
-    only_keys(d, _STEP_KEYS, "step")
+def _dec_step(
+    d: Dict[Any, Any], names: Mapping[int, str], missing: Optional[Set[int]], ignored: Optional[Set[str]]
+) -> RankStep:
+    known_keys(d, _STEP_KEYS, "step", ignored)
     t0 = as_int(d.get("t0"), "start_ns", REALTIME)
     rs = RankStep(
         job=as_str(d.get("j"), "job"),
@@ -450,7 +458,7 @@ def _dec_step(d: Dict[Any, Any], names: Mapping[int, str], missing: Optional[Set
             }
     if "c" in d:
         for raw in as_list(d["c"], "comms", MAX_COMMS):
-            c = _dec_comm(raw, t0)
+            c = _dec_comm(raw, t0, ignored)
             if c.comm in rs.comms:
                 raise WireError("range", f"communicator {c.comm} twice")
             rs.comms[c.comm] = c
@@ -462,20 +470,20 @@ def _dec_step(d: Dict[Any, Any], names: Mapping[int, str], missing: Optional[Set
 _HB_KEYS = {"v", "hb", "j", "a", "h", "ts", "rk", "if", "ls", "st", "dr", "hl"}
 
 
-def decode_heartbeat(data: Any) -> Heartbeat:
+def decode_heartbeat(data: Any, ignored: Optional[Set[str]] = None) -> Heartbeat:
     d = _unpack(data)
     if d.get("hb") != 1:
         raise WireError("kind", "not a heartbeat")
     try:
-        return _dec_hb(d)
+        return _dec_hb(d, ignored)
     except WireError:
         raise
     except (TypeError, ValueError, KeyError, OverflowError, AttributeError) as e:
         raise WireError("invalid", f"{type(e).__name__}: {e}"[:200]) from None
 
 
-def _dec_hb(d: Dict[Any, Any]) -> Heartbeat:
-    only_keys(d, _HB_KEYS, "heartbeat")
+def _dec_hb(d: Dict[Any, Any], ignored: Optional[Set[str]]) -> Heartbeat:
+    known_keys(d, _HB_KEYS, "heartbeat", ignored)
     hb = Heartbeat(
         job=as_str(d.get("j"), "job"),
         agent=as_str(d.get("a"), "agent"),

@@ -163,6 +163,62 @@ def test_hostile_entries_are_rejected_counted_and_acked(redis_client: redis.Redi
     assert redis_client.xpending(k_steps(JOB), reader.DEFAULT_GROUP)["pending"] == 2  # rejects are acked
 
 
+def with_extra(data: bytes, **extra: Any) -> bytes:
+    d = msgpack.unpackb(data, strict_map_key=False)
+    d.update(extra)
+    return msgpack.packb(d, use_bin_type=True)
+
+
+def test_a_newer_agents_fields_are_read_and_skipped_entries_are_said(
+    redis_client: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    """Agents are upgraded before aggregators: an unknown field is skipped (and named), not a
+    reason to reject every summary; malformed entries are said, and a stream with nothing
+    readable is an error (exit 9), in every reader a person runs."""
+    from argus.aggregator.engine import Engine
+    from argus.aggregator.service import Aggregator
+
+    redis_client.flushdb()
+    good = steps(n_ranks=2, n_steps=3)
+    for i, rs in enumerate(good):
+        data = wire.encode_step(rs)
+        redis_client.xadd(k_steps(JOB), {b"d": with_extra(data, zz=[1, 2]) if i % 2 else data})
+    for fields in HOSTILE[:2]:
+        redis_client.xadd(k_steps(JOB), fields)
+    hb = Heartbeat(JOB, "host-a:1", "host-a", time.time_ns(), ranks={0: 10, 1: 11})
+    redis_client.xadd(k_hb(JOB), {b"d": with_extra(wire.encode_heartbeat(hb), nw=1)})
+    redis_client.xadd(k_hb(JOB), {b"d": b"\xc1"})
+
+    r = run_argus("diagnose", "--redis", redis_url, "--job", JOB)
+    assert r.returncode == 0, r.stderr
+    err = r.stderr.splitlines()
+    assert f"WARNING: skipped 3 malformed entries of job {JOB} (msgpack 2, heartbeat:msgpack 1)" in err, err
+    assert any(x.startswith("HINT: something other than argus writes to") for x in err), err
+    note = [x for x in err if x.startswith("NOTE:")]
+    assert len(note) == 1 and "(heartbeat:nw, step:zz)" in note[0], err
+
+    lines: List[str] = []
+    agg = Aggregator(redis_client, Engine(), [JOB], consumer="c1", on_notice=lines.append)
+    while agg.poll(block_ms=50):
+        pass
+    assert agg.stats.entries == len(good) and agg.stats.heartbeats == 1
+    assert lines and lines[0].startswith("WARNING: skipped 3 malformed entries"), lines
+    assert any("step:zz" in x for x in lines), lines
+
+    r = run_argus("top", "--redis", redis_url, "--job", JOB, "--once")
+    assert r.returncode == 0 and "WARNING: skipped 2 malformed entries" in r.stderr, r.stderr  # no heartbeats
+    assert "(step:zz)" in r.stderr
+
+    junk = "junk-job"
+    for fields in [*HOSTILE[:2], {b"d": msgpack.packb({"v": 2})}]:
+        redis_client.xadd(k_steps(junk), fields)
+    for cmd in (["diagnose"], ["report", "-o", str(tmp_path / "r.png")]):
+        r = run_argus(*cmd, "--redis", redis_url, "--job", junk)
+        assert r.returncode == 9, (cmd, r.stdout, r.stderr)
+        assert f"ERROR: none of the 3 entries of job {junk} is readable (msgpack 2, version 1)" in r.stderr
+        assert "HINT:" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_heartbeats_registry_and_goodbye(redis_client: redis.Redis, redis_url: str) -> None:
     pub = publisher(redis_url)
     hb = Heartbeat(JOB, "test-host:1", "test-host", time.time_ns(), ranks={0: 11, 1: 12}, last_step={0: 4})

@@ -9,7 +9,7 @@ import json
 import statistics
 import zlib
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Set
 
 import msgpack
 import pytest
@@ -128,6 +128,25 @@ def test_heartbeat_round_trip() -> None:
     assert e.value.reason == "kind"
     with pytest.raises(wire.WireError):
         wire.decode_heartbeat(wire.encode_step(RankStep("j", 0, "h", 1, 1, T0, 10)))
+
+
+def test_a_newer_writers_extra_keys_are_skipped_and_named() -> None:
+    """Agents are upgraded before readers: a field a newer agent adds must not make an older
+    aggregator reject every summary (a field it must not skip bumps the schema version)."""
+    base = wire.decode_step(valid_entry(), {})
+    d = msgpack.unpackb(valid_entry(), strict_map_key=False)
+    d["zz"] = {"any": [1, 2]}
+    d["c"][0]["q9"] = 1
+    ignored: Set[str] = set()
+    assert wire.decode_step(msgpack.packb(d), {}, None, ignored) == base
+    assert ignored == {"step:zz", "comm:q9"}
+    hb = Heartbeat("j", "a", "h", T0, ranks={0: 5})
+    h = msgpack.unpackb(wire.encode_heartbeat(hb), strict_map_key=False)
+    h["new"] = 3
+    ignored = set()
+    assert wire.decode_heartbeat(msgpack.packb(h), ignored) == hb and ignored == {"heartbeat:new"}
+    assert wire.decode_step(valid_entry(), {}, None, ignored) == base  # nothing new: nothing added
+    assert ignored == {"heartbeat:new"}
 
 
 def test_every_schema_field_is_on_the_wire() -> None:
@@ -264,7 +283,8 @@ def test_hostile_examples_are_rejected_with_reasons() -> None:
     rejects(patched(j="x" * 10_000), "size")
     rejects(patched(k=list(range(3))), "type")  # odd (id, count) array
     rejects(patched(k=[1.5, 2]), "type")
-    rejects(patched(zz=1), "type")  # unknown key
+    rejects(msgpack.packb({**msgpack.unpackb(valid_entry(), strict_map_key=False), 7: 1}), "type")  # int key
+    rejects(patched(toolongkey=1), "type")
     rejects(patched(ph={"a": float("nan")}), "type")
     rejects(patched(la=[1, 2]), "range")
     rejects(patched(c=[{"id": 1}] * 600), "size")

@@ -44,15 +44,19 @@ def redis_items(url: str, job: str) -> List[Item]:
 
     conf = redisconf.parse(url)
     client = conf.client()
+    stats = reader.ReaderStats()
     try:
-        items: List[Item] = [rs for _id, rs in reader.iter_steps(client, job)]
-        items += [hb for _id, hb in reader.heartbeats(client, job, count=100_000)]
+        items: List[Item] = [rs for _id, rs in reader.iter_steps(client, job, stats)]
+        items += [hb for _id, hb in reader.heartbeats(client, job, count=100_000, stats=stats)]
     except Exception as e:  # redis.ConnectionError and friends, without importing redis at module load
         if type(e).__module__.startswith("redis"):
             raise RedisUnavailable(
                 f"cannot read job {job} from {conf.display}: {e}", "is Redis up? check --redis"
             ) from None
         raise
+    reader.require_readable(stats, job, len(items))
+    for line in reader.notices(stats, job):
+        click.echo(line, err=True)
     return items
 
 
@@ -216,7 +220,15 @@ def aggregate_cmd(
         if not quiet:
             click.echo(f"{a.state.upper():8} {a.kind:18} ranks {a.ranks} steps {a.steps}: {a.summary}")  # type: ignore[attr-defined]
 
-    agg = Aggregator(_client(redis_url), engine, list(jobs) or None, group, consumer, on_alert=show)
+    agg = Aggregator(
+        _client(redis_url),
+        engine,
+        list(jobs) or None,
+        group,
+        consumer,
+        on_alert=show,
+        on_notice=lambda line: click.echo(line, err=True),
+    )
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     click.echo(

@@ -84,6 +84,7 @@ class Aggregator:
         consumer: Optional[str] = None,
         count: int = 1024,
         on_alert: Optional[Callable[[Alert], None]] = None,
+        on_notice: Optional[Callable[[str], None]] = None,
     ) -> None:
         from argus import reader
 
@@ -94,6 +95,9 @@ class Aggregator:
         self.consumer = consumer
         self.count = count
         self.on_alert = on_alert
+        self.on_notice = on_notice  # lines about entries skipped as malformed or from a newer agent
+        self._said: Dict[str, Tuple[int, int]] = {}  # job -> (rejected, ignored keys) last said
+        self._next_notice: Dict[str, float] = {}
         self.readers: Dict[str, Any] = {}
         self.hb_cursor: Dict[str, str] = {}
         self.stats = ServiceStats()
@@ -158,13 +162,15 @@ class Aggregator:
             self._next_hb = now + 1.0
             for job in jobs:
                 self._heartbeats(job)
+        for job in jobs:
+            self._notice(job, self._reader(job).stats)
         self.stats.entries += n
         self.stats.cpu_s += time.process_time() - t0
         return n
 
     def _heartbeats(self, job: str) -> None:
         since = self.hb_cursor.get(job, "-")
-        got = self._reader_mod.heartbeats(self.r, job, since=since)
+        got = self._reader_mod.heartbeats(self.r, job, since=since, stats=self._reader(job).stats)
         out: List[Alert] = []
         for eid, hb in got:
             if since != "-" and eid.decode() == since.lstrip("("):
@@ -174,6 +180,19 @@ class Aggregator:
         if got:
             self.hb_cursor[job] = "(" + got[-1][0].decode()
         self._publish(job, out)
+
+    def _notice(self, job: str, st: Any) -> None:
+        """Say what was skipped when it changes, at most every 30 s per job."""
+        now = time.monotonic()
+        said = (st.rejected_total, len(st.ignored))
+        if self.on_notice is None or said == self._said.get(job, (0, 0)):
+            return
+        if now < self._next_notice.get(job, 0.0):
+            return
+        self._said[job] = said
+        self._next_notice[job] = now + 30.0
+        for line in self._reader_mod.notices(st, job):
+            self.on_notice(line)
 
     def _publish(self, job: str, alerts: List[Alert]) -> None:
         if not alerts:

@@ -38,7 +38,7 @@ def report_cmd(redis_url: str, job: Optional[str], steps_text: Optional[str], ou
       argus report --job sim-1a2b3c4d -o report.png
       argus report --job train-42 --steps 400:600 -o window.html
     """
-    from argus.reader import iter_steps
+    from argus.reader import ReaderStats, iter_steps, notices, require_readable
     from argus.tui import report
 
     steps = parse_steps(steps_text)
@@ -47,7 +47,11 @@ def report_cmd(redis_url: str, job: Optional[str], steps_text: Optional[str], ou
         raise UsageError(f"cannot write '{output}': the report is .png or .html", "e.g. -o report.png")
     client = connect(redis_url)
     job = pick_job(client, job)
-    summaries = [rs for _, rs in iter_steps(client, job)]
+    stats = ReaderStats()
+    summaries = [rs for _, rs in iter_steps(client, job, stats)]
+    require_readable(stats, job, len(summaries))
+    for line in notices(stats, job):
+        click.echo(line, err=True)
     if not summaries:
         raise UsageError(f"no summaries for job {job} in Redis", "is `argus probe --redis` running for it?")
     alerts: Dict[str, dict] = {}

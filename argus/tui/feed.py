@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 import msgpack
 
 from argus.errors import RedisUnavailable
-from argus.reader import Reader
+from argus.reader import Reader, notices
 from argus.schema import RankStep
 from argus.transport import k_steps
 from argus.tui.snapshot import JobSnapshot, JobView
@@ -59,6 +59,7 @@ class Feed:
         self.error: Optional[str] = None
         self._stop = threading.Event()
         self._snap: Optional[JobSnapshot] = None
+        self._notices: List[str] = []
 
     def poll(self, block_ms: int = 500) -> int:
         """Read what is new once; returns the number of summaries ingested."""
@@ -87,7 +88,13 @@ class Feed:
                 if a is not None:
                     self.view.ingest_alert(a)
             self._snap = self.view.snapshot()
+            self._notices = notices(self.reader.stats, self.job)  # the stats change in this thread only
         return len(msgs)
+
+    def notices(self) -> List[str]:
+        """Entries skipped as malformed or carrying a newer agent's fields (argus.reader.notices)."""
+        with self.lock:
+            return list(self._notices)
 
     def snapshot(self) -> JobSnapshot:
         with self.lock:

@@ -105,6 +105,8 @@ def top_cmd(
         Console(width=max(120, os.get_terminal_size(0).columns if sys.stdin.isatty() else 200)).print(
             render(feed.snapshot(), opts)
         )
+        for line in feed.notices():
+            click.echo(line, err=True)
         return 0
     return _interactive(feed, opts, interval)
 
@@ -152,11 +154,14 @@ def _interactive(feed: Feed, opts: ViewOptions, interval: float) -> int:
                         opts = _replace(opts, detail=None)
                 snap = frozen or feed.snapshot()
                 frame = render(snap, opts)
-                if feed.error:
+                if feed.error or feed.notices():
                     from rich.console import Group
                     from rich.text import Text
 
-                    frame = Group(frame, Text(f"Redis: {feed.error} (retrying)", style="bold red"))
+                    below = [Text(line, style="yellow") for line in feed.notices()]
+                    if feed.error:
+                        below.append(Text(f"Redis: {feed.error} (retrying)", style="bold red"))
+                    frame = Group(frame, *below)
                 live.update(frame, refresh=True)
     finally:
         feed.stop()
