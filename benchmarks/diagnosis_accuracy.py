@@ -1,6 +1,6 @@
 """Detection accuracy of the aggregator on the simulated job with `argus probe` attached (real BPF).
 
-    sudo .venv/bin/python -m benchmarks.diagnosis_accuracy [--reps 3] [--clean-steps 300] [--markdown]
+    sudo .venv/bin/python -m benchmarks.diagnosis_accuracy [--reps 3] [--clean-steps 300] [--no-python]
 
 For every fault kind the simulator injects, `--reps` runs (8 ranks, preset small, the fault from step
 10–12, a different rank or pair each run) and clean runs: the summaries go through the aggregator in
@@ -123,8 +123,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--clean-steps", type=int, default=300)
-    ap.add_argument("--markdown", action="store_true")
+    ap.add_argument(
+        "--no-python", action="store_true", help="probe without the Python channel (as the e2e tests do)"
+    )
     args = ap.parse_args()
+    python = not args.no_python
     th_hang = Thresholds()
     th_hang.hang_min_s = 1.0
     rows: List[Tuple[str, str, List[Run]]] = []
@@ -140,21 +143,22 @@ def main() -> int:
                     c = collect_with_heartbeats(cfg, hold_s=4.0)
                     runs.append(judge(c, case.kind, th_hang))
                 else:
-                    runs.append(judge(collect_steps(cfg), case.kind, Thresholds()))
+                    runs.append(judge(collect_steps(cfg, python), case.kind, Thresholds()))
             print(f"  {spec}: {runs[-1]}", file=sys.stderr, flush=True)
         rows.append((case.fault, case.kind, runs))
     clean: Dict[str, Tuple[int, List[Tuple[str, List[int]]]]] = {}
     for layout in ("dp", "pp-dp"):
         with tempfile.TemporaryDirectory(prefix="argus-acc-") as d:
             cfg = SimConfig(ranks=8, steps=args.clean_steps, layout=layout, preset="small", run_dir=d)
-            c = collect_steps(cfg)
+            c = collect_steps(cfg, python)
             eng = Engine(Thresholds(), NAMES)
             fired = [(a.kind, a.ranks) for a in eng.run(c.items) if a.state == "firing"]
             clean[layout] = (eng.stats.steps_judged, fired)
             print(f"  clean {layout}: {eng.stats.steps_judged} steps, {fired}", file=sys.stderr, flush=True)
     took = time.monotonic() - t0
 
-    print(f"# diagnosis accuracy: 8 simulated ranks (preset small), {args.reps} runs per fault kind\n")
+    chans = "every default channel" if python else "every default channel but Python"
+    print(f"# diagnosis accuracy: 8 simulated ranks (preset small), {args.reps} runs per fault, {chans}\n")
     print("| injected fault | expected alert | runs | recall | precision | latency (median / max) | others |")
     print("|---|---|---:|---:|---:|---:|---|")
     for fault, kind, runs in rows:

@@ -1,6 +1,6 @@
 """What the Python channel costs a Python-heavy process, side by side with py-spy, in one run.
 
-    sudo .venv/bin/python -m benchmarks.python_overhead [--quick] [--markdown]
+    sudo .venv/bin/python -m benchmarks.python_overhead [--quick] [--workload python|switchy] [--markdown]
 
 A worker runs a pure-Python loop (recursive calls, allocation) and reports its iteration count
 every 100 ms. For each tool, interleaved with baselines in the same run: the worker's throughput
@@ -261,13 +261,14 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--window", type=float, default=4.0)
     ap.add_argument("--python", default=default_python(), help="interpreter of the worker")
+    ap.add_argument("--workload", choices=["python", "switchy"], help="only this workload (default: both)")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # still stop the worker and the tool
     if os.geteuid() != 0:
         print("needs root (BPF, and ptrace for py-spy): sudo .venv/bin/python -m benchmarks.python_overhead")
         return 1
     reps, window = (1, 3.0) if a.quick else (a.reps, a.window)
-    modes = ["python"] if a.quick else ["python", "switchy"]
+    modes = [a.workload] if a.workload else ["python"] if a.quick else ["python", "switchy"]
     print(f"# Python channel overhead vs py-spy ({reps} repetition(s), {window:g} s windows, interleaved)\n")
     print(f"worker: {a.python}\n")
     print(

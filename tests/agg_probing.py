@@ -28,13 +28,13 @@ class Collected:
         return [x for x in self.items if isinstance(x, RankStep)]
 
 
-def collect_steps(cfg: SimConfig) -> Collected:
+def collect_steps(cfg: SimConfig, python: bool = False) -> Collected:
     """`argus probe --json` attached before the first CUDA call; summaries sorted by (step, rank).
 
-    The Python channel is off: its stack walk at every sync, collective and event record adds
-    host-side jitter to the simulated ranks (8 on 2 cores) that, in CI, raised false straggler
-    alerts in clean pipeline runs about once per suite. Open problem, see docs/diagnosis.md."""
-    job, probe = probed_run(cfg, "--no-python")
+    The Python channel is off unless `python`: its stack walks add host-side jitter to the
+    simulated ranks (8 on 2 cores) that, in CI, raised false straggler alerts in clean pipeline
+    runs about once per suite (measured before the walks were sampled; docs/diagnosis.md)."""
+    job, probe = probed_run(cfg, *(() if python else ("--no-python",)))
     steps = [from_probe(d) for d in probe.steps() if d.get("step") is not None]
     steps.sort(key=lambda rs: (rs.step or 0, rs.rank))
     return Collected(job, job.truth(), list(steps))
