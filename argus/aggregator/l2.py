@@ -334,7 +334,9 @@ def name_culprits(
                 if verdict == "maybe" and waited < 2:
                     l2.links[(a, b)] = waited + 1  # a second phase is growing on one end: look again
                     continue
-        strength = {x: _strength(l2, x) for x in ordered}
+        strength = {x: _strength(l2, x, 2) for x in ordered}
+        if all(v == 1.0 for v in strength.values()):  # no phase stood out twice: take what there is
+            strength = {x: _strength(l2, x, 1) for x in ordered}
         cause = max(ordered, key=lambda x: (strength[x], -x))
         prev = l2.causes.get(frozenset(comp))
         if prev is not None and prev in cands and strength[cause] < 1.05 * strength[prev]:
@@ -348,9 +350,14 @@ def name_culprits(
     return out
 
 
-def _strength(l2: L2, rank: int) -> float:
-    """The largest factor by which one of the rank's phases stood out (flagged, recent steps)."""
-    hi = [v[0] for p, v in l2.phase_summary(rank, l2.th.persist_n).items() if not p.endswith(":low")]
+def _strength(l2: L2, rank: int, min_steps: int) -> float:
+    """The largest factor by which one of the rank's phases stood out in at least `min_steps` of
+    its recent steps (one noisy step of the waiting peer must not outweigh the cause's phase)."""
+    hi = [
+        v[0]
+        for p, v in l2.phase_summary(rank, l2.th.persist_n).items()
+        if not p.endswith(":low") and v[2] >= min_steps
+    ]
     return max(hi) if hi else 1.0
 
 
@@ -386,7 +393,7 @@ def _link_pattern(a: int, b: int, l2: L2, th: Thresholds) -> str:
     }
     flagged = by[a] | by[b]
     if not flagged:
-        return "no"
+        return "maybe"  # nothing stood out twice yet: too early to tell a link from a rank
     ref = 0.0
     for p in flagged:
         ea, eb = l2.extra(a, p)[1], l2.extra(b, p)[1]
