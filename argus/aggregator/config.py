@@ -57,6 +57,9 @@ class Thresholds:
     #: absorbs part of a slower transfer in waits it already had: measured, its forward grew 0.6x
     #: the sender's in 3 of 8 runs of a slowed pipeline link (0.35 missed those)
     pair_equal_tol: float = 0.5
+    #: a rank named the cause of a pipeline slowdown stays named while it is persistent, unless a
+    #: peer's phase grew by this factor more (a noisy phase of the waiting peer flipped the cause)
+    cause_keep: float = 1.25
 
     # ---- host stall -------------------------------------------------------------------------------
     #: the rank's host reached its collectives this late: max(abs, rel x median step)

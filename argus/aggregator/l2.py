@@ -339,8 +339,8 @@ def name_culprits(
             strength = {x: _strength(l2, x, 1) for x in ordered}
         cause = max(ordered, key=lambda x: (strength[x], -x))
         prev = l2.causes.get(frozenset(comp))
-        if prev is not None and prev in cands and strength[cause] < 1.05 * strength[prev]:
-            cause = prev  # near tie: keep the rank already named rather than flip between peers
+        if prev is not None and prev in cands and strength[cause] < th.cause_keep * strength[prev]:
+            cause = prev  # keep the rank already named unless a peer clearly outgrew it
         if cause not in cands:
             continue  # its peer grew more but is not persistent yet: decide next step
         l2.causes[frozenset(comp)] = cause
