@@ -362,7 +362,9 @@ def test_captured_pipeline_runs_name_the_fault_once(run: dict) -> None:
     """Real summaries (8 simulated ranks, pp-dp, `argus probe`) on which the pair judgement once
     misnamed: a slowed 2-3 link called a bubble on rank 2 first (the receiving stage's forward
     grew 0.6x the sender's; or the pair was judged before any phase stood out twice), and a
-    backward bubble on rank 5 flipped to its waiting peer 4 after one noisy forward step there."""
+    backward bubble on rank 5 flipped to its waiting peer 4 after one noisy forward step there,
+    or (Python channel on, two busy loops beside the job) turned into a link when a 3 ms forward
+    noise stood out twice next to the 15 ms backward."""
     from argus import wire
 
     kind, ranks = ("slow_link", [2, 3]) if run["inject"].startswith("slow_link") else ("pipeline_bubble", [5])

@@ -394,7 +394,7 @@ def _link_pattern(a: int, b: int, l2: L2, th: Thresholds) -> str:
     flagged = by[a] | by[b]
     if not flagged:
         return "maybe"  # nothing stood out twice yet: too early to tell a link from a rank
-    ref = 0.0
+    tops: List[float] = []
     for p in flagged:
         ea, eb = l2.extra(a, p)[1], l2.extra(b, p)[1]
         top = max(ea, eb)
@@ -408,7 +408,11 @@ def _link_pattern(a: int, b: int, l2: L2, th: Thresholds) -> str:
                 return "no"
         elif min(ea, eb) < 0.25 * top:
             return "no"
-        ref = max(ref, top)
+        tops.append(top)
+    # a phase counts towards the two only if it grew by at least half as much as the largest: a
+    # noisy phase that stood out by a few ms once made a pipeline bubble look like a link
+    ref = max(tops)
+    strong = sum(t >= 0.5 * ref for t in tops)
     roles = {p: r for m in l2.roles.values() for p, r in m.items()}
     phases = {p for x in (a, b) for d in l2.devs.get(x, ()) for p in d}
     corroborated = maybe = 0
@@ -420,6 +424,6 @@ def _link_pattern(a: int, b: int, l2: L2, th: Thresholds) -> str:
             corroborated += 1
         elif max(ea, eb) >= 0.25 * ref:
             maybe += 1
-    if len(flagged) + corroborated >= 2:
+    if strong + corroborated >= 2:
         return "link"
     return "maybe" if maybe else "no"
