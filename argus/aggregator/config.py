@@ -18,8 +18,9 @@ class Thresholds:
     window: int = 64
     #: a step is judged once every expected rank reported it, or once ranks reported `lag` later steps
     lag_steps: int = 2
-    #: steps of a job seen before any level judges (noise baselines need history)
-    warmup_steps: int = 5
+    #: steps of a job seen before any level judges (noise baselines need history; a job's first
+    #: steps are its noisiest: with 5, false stragglers were named at steps 8 and 9 in CI)
+    warmup_steps: int = 8
 
     # ---- L1: iteration time -----------------------------------------------------------------------
     #: spike: step time / median of the previous `spike_window` steps (the paper's "> 2x baseline")
