@@ -22,7 +22,7 @@ import socket
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import msgpack
 
@@ -91,12 +91,15 @@ def notices(stats: ReaderStats, job: str) -> List[str]:
     return out
 
 
-def require_readable(stats: ReaderStats, job: str, valid: int) -> None:
-    """Entries were there but none was valid: a tool reading them cannot go on (exit 9)."""
+def say_skipped(stats: ReaderStats, job: str, valid: int, say: Callable[[str], None]) -> None:
+    """For a tool that read a whole job: `notices` through `say`, or BadData (exit 9) when entries
+    were there but none of them was valid."""
     if valid == 0 and stats.rejected_total:
         reasons, hint = _rejected(stats, job)
         n = stats.rejected_total
         raise BadData(f"none of the {n} entries of job {job} is readable ({reasons})", hint)
+    for line in notices(stats, job):
+        say(line)
 
 
 def _key(rs: RankStep) -> Tuple[Any, ...]:

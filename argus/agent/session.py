@@ -358,9 +358,8 @@ class Session:
         """Targets whose process is gone but that are still tracked (see `reap`)."""
         return [pid for pid, t in self.targets.items() if t.alive and process_gone(pid)]
 
-    def reap(self, gone: Optional[List[int]] = None) -> List[int]:
-        """Stop tracking exited targets (`gone`, or those found now); their remaining steps are flushed."""
-        gone = self.exited() if gone is None else gone
+    def reap(self, gone: List[int]) -> List[int]:
+        """Stop tracking the exited targets `gone` (from `exited`); their remaining steps are flushed."""
         for pid in gone:
             self.remove(pid)
         return gone

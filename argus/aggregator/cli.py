@@ -54,9 +54,7 @@ def redis_items(url: str, job: str) -> List[Item]:
                 f"cannot read job {job} from {conf.display}: {e}", "is Redis up? check --redis"
             ) from None
         raise
-    reader.require_readable(stats, job, len(items))
-    for line in reader.notices(stats, job):
-        click.echo(line, err=True)
+    reader.say_skipped(stats, job, len(items), lambda line: click.echo(line, err=True))
     return items
 
 

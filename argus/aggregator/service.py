@@ -183,10 +183,10 @@ class Aggregator:
 
     def _notice(self, job: str, st: Any) -> None:
         """Say what was skipped when it changes, at most every 30 s per job."""
-        now = time.monotonic()
         said = (st.rejected_total, len(st.ignored))
         if self.on_notice is None or said == self._said.get(job, (0, 0)):
             return
+        now = time.monotonic()
         if now < self._next_notice.get(job, 0.0):
             return
         self._said[job] = said

@@ -38,7 +38,7 @@ def report_cmd(redis_url: str, job: Optional[str], steps_text: Optional[str], ou
       argus report --job sim-1a2b3c4d -o report.png
       argus report --job train-42 --steps 400:600 -o window.html
     """
-    from argus.reader import ReaderStats, iter_steps, notices, require_readable
+    from argus.reader import ReaderStats, iter_steps, say_skipped
     from argus.tui import report
 
     steps = parse_steps(steps_text)
@@ -49,9 +49,7 @@ def report_cmd(redis_url: str, job: Optional[str], steps_text: Optional[str], ou
     job = pick_job(client, job)
     stats = ReaderStats()
     summaries = [rs for _, rs in iter_steps(client, job, stats)]
-    require_readable(stats, job, len(summaries))
-    for line in notices(stats, job):
-        click.echo(line, err=True)
+    say_skipped(stats, job, len(summaries), lambda line: click.echo(line, err=True))
     if not summaries:
         raise UsageError(f"no summaries for job {job} in Redis", "is `argus probe --redis` running for it?")
     alerts: Dict[str, dict] = {}

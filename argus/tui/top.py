@@ -154,11 +154,12 @@ def _interactive(feed: Feed, opts: ViewOptions, interval: float) -> int:
                         opts = _replace(opts, detail=None)
                 snap = frozen or feed.snapshot()
                 frame = render(snap, opts)
-                if feed.error or feed.notices():
+                notes = feed.notices()
+                if feed.error or notes:
                     from rich.console import Group
                     from rich.text import Text
 
-                    below = [Text(line, style="yellow") for line in feed.notices()]
+                    below = [Text(line, style="yellow") for line in notes]
                     if feed.error:
                         below.append(Text(f"Redis: {feed.error} (retrying)", style="bold red"))
                     frame = Group(frame, *below)
