@@ -255,6 +255,19 @@ def check_nvml(summary: Optional[str], error: Optional[str]) -> Check:
     )
 
 
+def check_objdump(path: Optional[str]) -> Check:
+    if path:
+        return Check(
+            "objdump", Status.OK, f"{path} (decodes libnccl's accessors: communicators created before attach)"
+        )
+    return Check(
+        "objdump",
+        Status.WARN,
+        "not found: communicators created before attach are identified by the layout table only",
+        "apt-get install binutils",
+    )
+
+
 def evaluate(f: Facts) -> List[Check]:
     """All checks, in display order. Pure: depends only on `f`."""
     checks = [
@@ -273,6 +286,7 @@ def evaluate(f: Facts) -> List[Check]:
         check_target_pythons(f.target_pythons),
         check_redis(f.redis_url, f.redis_error),
         check_nvml(f.nvml_summary, f.nvml_error),
+        check_objdump(f.objdump),
     ]
     checks += [Check("doctor", Status.WARN, e, "please report this") for e in f.probe_errors]
     return checks

@@ -14,6 +14,7 @@ import ctypes
 import os
 import platform
 import re
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ class Facts:
     redis_error: Optional[str] = None
     nvml_summary: Optional[str] = None
     nvml_error: Optional[str] = None
+    objdump: Optional[str] = None  # its path: decodes NCCL's accessors (argus/probes/nccl_layout.py)
     probe_errors: Tuple[str, ...] = field(default=())
 
 
@@ -278,5 +280,6 @@ def gather_facts(redis_url: str = DEFAULT_REDIS_URL) -> Facts:
         redis_error=ping_redis(redis_url),
         nvml_summary=nvml_summary,
         nvml_error=nvml_error,
+        objdump=shutil.which("objdump"),
         probe_errors=tuple(errors),
     )

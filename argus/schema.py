@@ -254,3 +254,13 @@ class Heartbeat:
     version: int = SCHEMA_VERSION
     # agent health (docs/schema.md): publisher counters, ring decode errors, probes, CPU and RSS
     health: Dict[str, int] = field(default_factory=dict)
+    # while a call has been in flight for a while: what each rank's threads are doing
+    # ("blocked in ncclAllReduce (libnccl.so.2) from step (train.py:88)", "in sleep_forever
+    # (train.py:40), clock_nanosleep"), from the agent's scan of its threads
+    where: Dict[int, str] = field(default_factory=dict)
+    # ranks whose in-flight call was found by the attach scan: it began before the agent attached,
+    # so its since_ns (the scan) is a lower bound
+    attach_blocked: List[int] = field(default_factory=list)
+    # rank -> [nRanks, its rank in it] of the communicator its blocked NCCL call works on, when
+    # read from the process (found on the blocked thread's stack at attach)
+    inflight_comm: Dict[int, List[int]] = field(default_factory=dict)

@@ -78,7 +78,8 @@ COMM_FIELDS = {
 }  # fmt: skip
 HEARTBEAT_FIELDS = {
     "job": "j", "agent": "a", "host": "h", "ts_ns": "ts", "ranks": "rk", "inflight": "if", "last_seq": "ls",
-    "last_step": "st", "drops": "dr", "version": "v", "health": "hl",
+    "last_step": "st", "drops": "dr", "version": "v", "health": "hl", "where": "wh", "attach_blocked": "ab",
+    "inflight_comm": "ic",
 }  # fmt: skip
 
 __all__ = [
@@ -257,6 +258,12 @@ def encode_heartbeat(hb: Heartbeat) -> bytes:
         d["dr"] = hb.drops
     if hb.health:
         d["hl"] = hb.health
+    if hb.where:
+        d["wh"] = {r: w[:MAX_WHERE] for r, w in hb.where.items()}
+    if hb.attach_blocked:
+        d["ab"] = hb.attach_blocked
+    if hb.inflight_comm:
+        d["ic"] = hb.inflight_comm
     return msgpack.packb(d, use_bin_type=True)  # type: ignore[no-any-return]
 
 
@@ -467,7 +474,8 @@ def _dec_step(
     return rs
 
 
-_HB_KEYS = {"v", "hb", "j", "a", "h", "ts", "rk", "if", "ls", "st", "dr", "hl"}
+MAX_WHERE = 300  # characters of one rank's "what it is doing" line
+_HB_KEYS = {"hb", *HEARTBEAT_FIELDS.values()}
 
 
 def decode_heartbeat(data: Any, ignored: Optional[Set[str]] = None) -> Heartbeat:
@@ -519,4 +527,12 @@ def _dec_hb(d: Dict[Any, Any], ignored: Optional[Set[str]]) -> Heartbeat:
         hb.drops = str_int_map(d["dr"], "drops", NONNEG)
     if "hl" in d:
         hb.health = str_int_map(d["hl"], "health")
+    for r, w in as_map(d.get("wh", {}), "where").items():
+        hb.where[as_int(r, "rank", RANK)] = as_str(w, "where", MAX_WHERE)
+    hb.attach_blocked = [as_int(r, "rank", RANK) for r in as_list(d.get("ab", []), "attach_blocked", MAX_MAP)]
+    for r, v in as_map(d.get("ic", {}), "inflight_comm").items():
+        pair = as_ints(v, "inflight_comm entry", 2, RANK)
+        if len(pair) != 2 or not 0 <= pair[1] < pair[0]:
+            raise WireError("range", "inflight_comm entry is not [nranks, rank]")
+        hb.inflight_comm[as_int(r, "rank", RANK)] = pair
     return hb

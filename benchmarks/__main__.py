@@ -60,9 +60,15 @@ BENCHMARKS: Dict[str, Tuple[str, List[str], List[str]]] = {
     "python_overhead": ("Python channel vs py-spy on a Python-bound worker (python.md)", [], ["--quick"]),
     "kde_fidelity": ("KDE clusters vs log2 histograms: size and fidelity (5)", [], []),
     "diagnosis_accuracy": (
-        "detection accuracy on the simulated job (6)",
+        "detection accuracy attached late, {before, after attach} x {simulator, second stand-ins} x "
+        "{straggler, slow link, hang} + clean runs, via Redis and argus aggregate (13)",
         [],
-        ["--reps", "1", "--clean-steps", "30"],
+        ["--families", "standins", "--faults", "straggler", "--clean-steps", "0"],
+    ),
+    "late_straggler": (
+        "argus sim run with a straggler from the start, argus probe attached 5 s in (13)",
+        [],
+        ["--trace", "15"],
     ),
     "aggregator_scale": (
         "aggregator throughput and latency at 1,024 / 10,000 ranks (6)",
@@ -71,7 +77,7 @@ BENCHMARKS: Dict[str, Tuple[str, List[str], List[str]]] = {
     ),
 }
 NEEDS_ROOT = {"sim_overhead", "torch_overhead", "probe_overhead", "summary_size", "footprint"}
-NEEDS_ROOT |= {"python_overhead", "diagnosis_accuracy", "bpf_breakdown", "torch_inout"}
+NEEDS_ROOT |= {"python_overhead", "diagnosis_accuracy", "bpf_breakdown", "torch_inout", "late_straggler"}
 
 
 def main() -> int:

@@ -1,179 +1,281 @@
-"""Detection accuracy of the aggregator on the simulated job with `argus probe` attached (real BPF).
+"""Diagnosis accuracy attached late, every run real: a job of 8 ranks, `argus probe --redis` (real
+BPF, every default channel) attached to it while it runs, `argus aggregate` (the service) reading
+Redis, alerts read back from Redis.
 
-    sudo .venv/bin/python -m benchmarks.diagnosis_accuracy [--reps 3] [--clean-steps 300] [--no-python]
+    sudo .venv/bin/python -m benchmarks.diagnosis_accuracy [--reps 1] [--clean-steps 300]
+                                                           [--families sim,standins] [--faults ...]
 
-For every fault kind the simulator injects, `--reps` runs (8 ranks, preset small, the fault from step
-10–12, a different rank or pair each run) and clean runs: the summaries go through the aggregator in
-step order. A run is *detected* when an alert of the expected kind naming the faulty rank (the pair,
-or for a data-parallel ring the group containing the pair) fires within 3 steps of the onset; every
-other alert fired in the run is a false positive. Hang: heartbeats from the probing session, a 1 s
-threshold, latency in seconds after the hung rank stopped.
+Matrix: {fault present before attach, fault after attach} x {the simulator, the second stand-ins
+(tests/standins)} x {straggler, slow link, hang}, plus one clean run of `--clean-steps` probed
+steps per family. The agent always arrives late: every communicator was created before it.
+
+* detected: an alert of the expected kind naming exactly the faulty rank (the link's pair) fires;
+  its step is the trainer step being judged when it fired (the alert's first_seen is that step's
+  end). Fault before attach: latency counts from the faulty rank's first summary (its first
+  aligned data; target <= 5 steps); after attach: from the onset (target <= 3 steps).
+* hang: before attach, the job has hung 3 s when the agent starts (latency from the agent being
+  ready); after, the hang starts after attach (latency from the hang); target <= 30 s, with the
+  default threshold max(15 s, 10 x the median step).
+* false: every other alert that names a rank (an L1 alert names none and is listed apart).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import signal
+import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from argus.aggregator.config import PhaseInfo, Thresholds  # noqa: E402
-from argus.aggregator.engine import Engine  # noqa: E402
-from argus.schema import RankStep  # noqa: E402
-from argus.sim.launcher import SimConfig  # noqa: E402
-from tests.agg_probing import Collected, collect_steps, collect_with_heartbeats  # noqa: E402
+from argus.aggregator.service import history  # noqa: E402
+from argus.reader import iter_steps  # noqa: E402
+from benchmarks._util import env  # noqa: E402
+from tests import families  # noqa: E402
+from tests.redisproc import RedisProc  # noqa: E402
 
-NAMES = PhaseInfo.parse("forward,backward,optimizer,grad_sync")
-
-
-@dataclass
-class Case:
-    fault: str  # simulator kind
-    layout: str
-    specs: List[str]  # one inject per repetition
-    kind: str  # expected alert kind
-
-
-CASES: List[Case] = [
-    Case("straggler", "dp", [f"straggler:rank={r},factor=1.5,from_step=10" for r in (3, 5, 1)], "straggler"),
-    Case(
-        "masked_straggler",
-        "dp",
-        [f"masked_straggler:rank={r},factor=2,from_step=10" for r in (4, 2, 6)],
-        "straggler",
-    ),
-    Case(
-        "slow_link (dp ring)",
-        "dp",
-        [f"slow_link:ranks={a}-{b},factor=50,from_step=10" for a, b in ((2, 3), (5, 6), (0, 1))],
-        "slow_link",
-    ),
-    Case(
-        "slow_link (pp-dp)",
-        "pp-dp",
-        [f"slow_link:ranks={a}-{b},factor=100,from_step=10" for a, b in ((2, 3), (4, 5), (0, 1))],
-        "slow_link",
-    ),
-    Case("host_stall", "dp", [f"host_stall:rank={r},step=12,seconds=0.5" for r in (5, 2, 7)], "host_stall"),
-    Case(
-        "dataloader_stall",
-        "dp",
-        [f"dataloader_stall:rank={r},step=12,seconds=0.3,steps=3" for r in (6, 0, 3)],
-        "host_stall",
-    ),
-    Case("gc_pause", "dp", [f"gc_pause:rank={r},step=12,seconds=0.3" for r in (1, 4, 6)], "host_stall"),
-    Case(
-        "bubble (pp-dp)",
-        "pp-dp",
-        [f"bubble:rank={r},factor=1.9,from_step=10" for r in (5, 3, 7)],
-        "pipeline_bubble",
-    ),
-    Case("hang", "dp", [f"hang:rank={r},step=12" for r in (6, 3, 0)], "hang"),
-]
+# per family: straggler factor, slow-link factor (a pipeline pair of pp-dp), attach step, onset of
+# an after-attach fault (past the ~4 s the agent takes to attach: ~65 simulated steps, ~36 stand-in)
+PARAMS: Dict[str, Dict[str, Any]] = {
+    "sim": {"straggler": 1.35, "link": 100, "attach": 20, "onset": 150},
+    "standins": {"straggler": 1.35, "link": 20, "attach": 10, "onset": 90},
+}
+FAULTS = ("straggler", "slow_link", "hang")
+KINDS = {"straggler": "straggler", "slow_link": "slow_link", "hang": "hang"}
 
 
 @dataclass
 class Run:
-    detected: bool
-    latency: Optional[float]  # steps (hang: seconds)
-    alerts: List[Tuple[str, List[int]]] = field(default_factory=list)
-    false: int = 0
+    family: str
+    fault: str
+    when: str  # before | after | clean
+    detected: bool = False
+    latency: Optional[float] = None  # steps (hang: seconds)
+    false: List[Tuple[str, List[int]]] = field(default_factory=list)
+    l1: List[str] = field(default_factory=list)
+    identity: str = ""
+    mode: str = ""
+    note: str = ""
 
 
-def judge(c: Collected, kind: str, th: Thresholds) -> Run:
-    (f,) = c.truth["faults"]
-    truth = set(f["ranks"])
-    onset = int(f["onset_step"])
-    eng = Engine(th, NAMES)
-    hits: List[Tuple[str, List[int], Optional[int], int]] = []
-    for it in c.items:
-        for a in eng.add(it):
-            if a.state == "firing":
-                step = eng.jobs[a.job].last_step if isinstance(it, RankStep) else None
-                hits.append((a.kind, a.ranks, step, a.first_seen))
-    for a in eng.flush():
-        if a.state == "firing":
-            hits.append((a.kind, a.ranks, None, a.first_seen))
-    run = Run(False, None, [(k, r) for k, r, _, _ in hits])
-    for k, ranks, step, seen in hits:
-        ok = k == kind and truth <= set(ranks)
-        if kind != "slow_link" or f["kind"] != "slow_link":
-            ok = ok and set(ranks) == truth
-        if ok and not run.detected:
-            if kind == "hang":
-                lat = (seen - (c.hang_seen_ns or seen)) / 1e9
-                run.detected, run.latency = True, lat
-            elif step is not None and step - onset <= 3:
-                run.detected, run.latency = True, float(step - onset)
-            else:
-                run.false += 1
-        elif not ok:
-            run.false += 1
+def spec(family: str, fault: str, when: str) -> Tuple[str, List[str], int, List[int]]:
+    """(layout, injects, steps, faulty ranks)."""
+    p = PARAMS[family]
+    onset = 0 if when == "before" else p["onset"]
+    if fault == "straggler":
+        return "dp", [f"straggler:rank=5,factor={p['straggler']},from_step={onset}"], p["onset"] + 90, [5]
+    if fault == "slow_link":
+        return "pp-dp", [f"slow_link:ranks=2-3,factor={p['link']},from_step={onset}"], p["onset"] + 90, [2, 3]
+    if fault == "hang":
+        step = 12 if when == "before" else onset
+        return "dp", [f"hang:rank=6,step={step}"], 4000, [6]
+    return "dp", [], 0, []
+
+
+def run_one(family: str, fault: str, when: str, redis: RedisProc, clean_steps: int) -> Run:
+    import redis as redis_py
+
+    run = Run(family, fault, when)
+    p = PARAMS[family]
+    if when == "clean":
+        layout, injects, steps, truth = "dp", [], p["attach"] + clean_steps + 40, []
+    else:
+        layout, injects, steps, truth = spec(family, fault, when)
+    d = tempfile.mkdtemp(prefix="argus-acc-")
+    job = families.start_job(family, 8, steps, layout, injects, d, hang_hold_s=600.0)
+    client = redis_py.Redis.from_url(redis.url)
+    agg = probe = None
+    try:
+        jid = families.job_id(job)
+        mono_off = time.time_ns() - time.monotonic_ns()
+        hang_ns: Optional[int] = None
+        if fault == "hang" and when == "before":
+            while not families.hang_started(job):
+                time.sleep(0.05)
+            hang_ns = time.time_ns()
+            time.sleep(3.0)
+        else:
+            families.wait_step(job, p["attach"])
+        args = [sys.executable, "-m", "argus"]
+        names = families.PHASES[family]
+        agg = subprocess.Popen(
+            [
+                *args,
+                "aggregate",
+                "--redis",
+                redis.url,
+                "--job",
+                jid,
+                "-q",
+                *(["--phases", names] if names else []),
+            ],
+            env=env(),
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        pids = [a for pid in job.pids.values() for a in ("-p", str(pid))]
+        probe = subprocess.Popen(
+            [*args, "probe", *pids, "--redis", redis.url, "-i", "0.5s", "--json"],
+            env=env(),
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        err = _wait_ready(probe)
+        ready_ns = time.time_ns()
+        at_ready = families.current_step(job)
+        if when == "after" and fault != "hang" and at_ready > p["onset"] - 5:
+            run.note = f"invalid: the agent was ready at step {at_ready}, after the onset"
+        deadline = time.monotonic() + (clean_steps * 0.2 + 120 if when == "clean" else 240)
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            if fault == "hang" and when != "clean":
+                if hang_ns is None and families.hang_started(job):
+                    hang_ns = time.time_ns()
+                if hang_ns is not None and time.time_ns() - max(hang_ns, ready_ns) > 32e9:
+                    break
+            elif all(x.poll() is not None for x in _procs(job)):
+                break
+        probe.send_signal(signal.SIGINT)
+        err += probe.communicate(timeout=60)[1]
+        time.sleep(3.0)  # the aggregator drains what the agent sent last
+        agg.send_signal(signal.SIGTERM)
+        agg.communicate(timeout=60)
+        times = families.step_times(job)
+        alerts = [a for _id, a in history(client, jid) if a.state == "firing"]
+        first_step: Dict[int, int] = {}
+        for _eid, rs in iter_steps(client, jid):
+            if rs.rank in truth and rs.rank not in first_step:
+                s = families.trainer_step_at(times, rs.rank, rs.end_ns - rs.clock_offset_ns)
+                if s is not None:
+                    first_step[rs.rank] = s
+        _judge(run, alerts, truth, times, mono_off, first_step, ready_ns, hang_ns, injects)
+        if not alerts and when != "clean":
+            run.note = run.note or f"no alert; agent said: {err.strip().splitlines()[-1:]}"
+    finally:
+        for x in (probe, agg):
+            if x is not None and x.poll() is None:
+                x.kill()
+        job.stop()
+        client.close()
     return run
+
+
+def _judge(
+    run: Run,
+    alerts: List[Any],
+    truth: List[int],
+    times: Dict[int, List[Tuple[int, int, int]]],
+    mono_off: int,
+    first_step: Dict[int, int],
+    ready_ns: int,
+    hang_ns: Optional[int],
+    injects: List[str],
+) -> None:
+    want = KINDS.get(run.fault)
+    onset = _onset(injects)
+    for a in alerts:
+        if not a.ranks:
+            run.l1.append(a.kind)
+            continue
+        ok = run.when != "clean" and a.kind == want and sorted(a.ranks) == truth
+        if ok and not run.detected:
+            run.detected = True
+            run.identity = str(a.evidence.get("identity", {}).get("comm", {}).get("identity", "-"))
+            run.mode = str(a.evidence.get("comm_mode", "-"))
+            if run.fault == "hang":
+                since = ready_ns if run.when == "before" else (hang_ns or ready_ns)
+                run.latency = round((a.first_seen - since) / 1e9, 1)
+            else:
+                step = families.trainer_step_at(times, truth[0], a.first_seen - mono_off)
+                ref = max(first_step.get(r, 0) for r in truth) if run.when == "before" else onset
+                run.latency = None if step is None or ref is None else float(step - ref)
+        elif not ok:
+            run.false.append((a.kind, a.ranks))
+
+
+def _onset(injects: List[str]) -> Optional[int]:
+    for s in injects:
+        kv = dict(p.split("=") for p in s.partition(":")[2].split(",") if "=" in p)
+        for k in ("from_step", "step"):
+            if k in kv:
+                return int(kv[k])
+    return None
+
+
+def _wait_ready(probe: subprocess.Popen) -> str:  # type: ignore[type-arg]
+    assert probe.stderr is not None
+    out = ""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        line = probe.stderr.readline()
+        if not line:
+            raise RuntimeError(f"argus probe exited before tracing: {out}")
+        out += line
+        if "Tracing" in line:
+            return out
+    raise RuntimeError(f"argus probe not ready in 90 s: {out}")
+
+
+def _procs(job: Any) -> List[Any]:
+    return list(job.procs.values()) if hasattr(job, "procs") else [r.proc for r in job._ranks.values()]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--clean-steps", type=int, default=300)
-    ap.add_argument(
-        "--no-python", action="store_true", help="probe without the Python channel (as the e2e tests do)"
-    )
+    ap.add_argument("--families", default=",".join(families.FAMILIES))
+    ap.add_argument("--faults", default=",".join(FAULTS))
     args = ap.parse_args()
-    python = not args.no_python
-    th_hang = Thresholds()
-    th_hang.hang_min_s = 1.0
-    rows: List[Tuple[str, str, List[Run]]] = []
+    fams = [f for f in args.families.split(",") if f]
+    faults = [f for f in args.faults.split(",") if f]
     t0 = time.monotonic()
-    for case in CASES:
-        runs: List[Run] = []
-        for spec in case.specs[: args.reps]:
-            with tempfile.TemporaryDirectory(prefix="argus-acc-") as d:
-                cfg = SimConfig(
-                    ranks=8, steps=22, layout=case.layout, preset="small", injects=[spec], run_dir=d
-                )
-                if case.kind == "hang":
-                    c = collect_with_heartbeats(cfg, hold_s=4.0)
-                    runs.append(judge(c, case.kind, th_hang))
-                else:
-                    runs.append(judge(collect_steps(cfg, python), case.kind, Thresholds()))
-            print(f"  {spec}: {runs[-1]}", file=sys.stderr, flush=True)
-        rows.append((case.fault, case.kind, runs))
-    clean: Dict[str, Tuple[int, List[Tuple[str, List[int]]]]] = {}
-    for layout in ("dp", "pp-dp"):
-        with tempfile.TemporaryDirectory(prefix="argus-acc-") as d:
-            cfg = SimConfig(ranks=8, steps=args.clean_steps, layout=layout, preset="small", run_dir=d)
-            c = collect_steps(cfg, python)
-            eng = Engine(Thresholds(), NAMES)
-            fired = [(a.kind, a.ranks) for a in eng.run(c.items) if a.state == "firing"]
-            clean[layout] = (eng.stats.steps_judged, fired)
-            print(f"  clean {layout}: {eng.stats.steps_judged} steps, {fired}", file=sys.stderr, flush=True)
+    runs: List[Run] = []
+    with tempfile.TemporaryDirectory(prefix="argus-acc-redis-") as rd:
+        redis = RedisProc(Path(rd))
+        redis.start()
+        try:
+            for fam in fams:
+                for fault in faults:
+                    for when in ("before", "after"):
+                        for _ in range(args.reps):
+                            runs.append(run_one(fam, fault, when, redis, args.clean_steps))
+                            print(f"  {runs[-1]}", file=sys.stderr, flush=True)
+                if args.clean_steps:
+                    runs.append(run_one(fam, "clean", "clean", redis, args.clean_steps))
+                    print(f"  {runs[-1]}", file=sys.stderr, flush=True)
+        finally:
+            redis.stop()
     took = time.monotonic() - t0
-
-    chans = "every default channel" if python else "every default channel but Python"
-    print(f"# diagnosis accuracy: 8 simulated ranks (preset small), {args.reps} runs per fault, {chans}\n")
-    print("| injected fault | expected alert | runs | recall | precision | latency (median / max) | others |")
-    print("|---|---|---:|---:|---:|---:|---|")
-    for fault, kind, runs in rows:
-        det = [r for r in runs if r.detected]
-        tp = len(det)
-        fp = sum(r.false for r in runs)
-        lats = [r.latency for r in det if r.latency is not None]
-        unit = " s" if kind == "hang" else " steps"
-        lat = f"{statistics.median(lats):.1f} / {max(lats):.1f}{unit}" if lats else "-"
-        other = "; ".join(f"{k} {rk}" for r in runs for k, rk in r.alerts if not (k == kind)) or "none"
-        prec = f"{tp / (tp + fp):.2f}" if tp + fp else "-"
-        print(f"| {fault} | `{kind}` | {len(runs)} | {tp / len(runs):.2f} | {prec} | {lat} | {other} |")
-    for layout, (n, fired) in clean.items():
-        alerts = f"{len(fired)} alert(s) {fired or ''}"
-        print(f"| none ({layout}, clean) | none | 1 ({n} steps) | - | - | - | {alerts} |")
+    print(
+        "# diagnosis accuracy, attached late: 8 ranks, every default channel, probe -> Redis -> aggregate\n"
+    )
+    print(
+        "| family | fault | when | runs | recall | latency | other alerts naming a rank | L1 only | identity "
+        "| collectives | note |"
+    )
+    print("|---|---|---|---:|---:|---:|---|---|---|---|---|")
+    for r in runs:
+        unit = " s" if r.fault == "hang" else " steps"
+        lat = f"{r.latency:g}{unit}" if r.latency is not None else "-"
+        rec = "-" if r.when == "clean" else ("1.00" if r.detected else "0.00")
+        when = {"before": "before attach", "after": "after attach", "clean": "none"}[r.when]
+        fault = "clean" if r.when == "clean" else r.fault
+        others = "; ".join(f"{k} {v}" for k, v in r.false) or "none"
+        print(
+            f"| {r.family} | {fault} | {when} | 1 | {rec} | {lat} | {others} | {', '.join(r.l1) or '-'} | "
+            f"{r.identity or '-'} | {r.mode or '-'} | {r.note} |"
+        )
     print(f"\n(took {took:.0f} s)")
     return 0
 

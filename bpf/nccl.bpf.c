@@ -6,9 +6,11 @@
  * what names the rank everyone waits for; enter->exit is the host call (an enqueue under normal
  * NCCL, the whole operation under blocking settings) and is never presented as collective time.
  *
- * The sequence number is read from the communicator (its collective counter) when the layout of
- * this NCCL is known, so ranks attached at different times agree; otherwise it is counted here.
- * Communicator creation is recorded with the 128-byte unique id and the new handle.
+ * The sequence number is counted here, per communicator handle, from the first call seen: no NCCL
+ * field counts collectives one by one (opCount/collOpCount move per kernel plan, not per call), so
+ * ranks attached at different times number differently and the aggregator aligns them (by step
+ * time and order within the step). Communicator creation is recorded with the 128-byte unique id,
+ * the new handle and, where the layout of this build is known, commHash/rank/nRanks read from it.
  */
 
 struct seq_key {
@@ -30,14 +32,9 @@ static __always_inline int nccl_enter(u32 call, u64 comm, u64 count, u64 dtype, 
     if (!cfg) return 0;
     u64 seq = 0;
     u32 flags = 0;
-    if (dir == 0 && cfg->off_coll_opcount != OFF_UNKNOWN && comm) {
-        bpf_probe_read_user(&seq, sizeof(seq), (void *)(comm + cfg->off_coll_opcount));
-        flags |= NCCL_F_SEQ_FROM_COMM;
-    } else {
-        struct seq_key k = {.comm = comm, .peer = dir ? (s32)peer : -1, .dir = dir};
-        u64 zero = 0, *v = comm_seq.lookup_or_try_init(&k, &zero);
-        if (v) seq = __sync_fetch_and_add(v, 1);
-    }
+    struct seq_key k = {.comm = comm, .peer = dir ? (s32)peer : -1, .dir = dir};
+    u64 zero = 0, *v = comm_seq.lookup_or_try_init(&k, &zero);
+    if (v) seq = __sync_fetch_and_add(v, 1);
     u32 tid = cur_tid();
     s32 *depth = group_depth.lookup(&tid);
     if (depth && *depth > 0) flags |= NCCL_F_IN_GROUP;
@@ -195,8 +192,11 @@ static __always_inline int init_exit(struct pt_regs *ctx, u32 call) {
     r->comm_hash = 0;
     r->comm_rank = -1;
     r->comm_nranks = -1;
-    if (comm && cfg->off_comm_hash != OFF_UNKNOWN) {
+    /* offsets come from a validated table row (hash, rank, nRanks) or the decoded accessors (rank,
+     * nRanks): argus/probes/nccl_layout.py */
+    if (comm && cfg->off_comm_hash != OFF_UNKNOWN)
         bpf_probe_read_user(&r->comm_hash, sizeof(r->comm_hash), (void *)(comm + cfg->off_comm_hash));
+    if (comm && cfg->off_comm_rank != OFF_UNKNOWN && cfg->off_comm_nranks != OFF_UNKNOWN) {
         bpf_probe_read_user(&r->comm_rank, sizeof(r->comm_rank), (void *)(comm + cfg->off_comm_rank));
         bpf_probe_read_user(&r->comm_nranks, sizeof(r->comm_nranks), (void *)(comm + cfg->off_comm_nranks));
     }

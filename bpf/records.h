@@ -32,8 +32,7 @@
 struct target_cfg {
     u32 rank;
     u32 flags;
-    u32 off_coll_opcount; /* offset of the communicator's collective counter, or OFF_UNKNOWN */
-    u32 off_comm_hash;
+    u32 off_comm_hash; /* struct ncclComm offsets, or OFF_UNKNOWN (argus/probes/nccl_layout.py) */
     u32 off_comm_rank;
     u32 off_comm_nranks;
 };
@@ -93,19 +92,18 @@ struct rec_nccl {
     u32 pad;
 };
 #define NCCL_F_IN_GROUP 1
-#define NCCL_F_SEQ_FROM_COMM 2 /* seq read from the communicator (global), not counted here */
 
 struct rec_comm_init {
     struct rec_hdr h;
     u64 comm;
     u64 parent;
-    u64 comm_hash; /* read from the new communicator when its layout is known, else 0 */
+    u64 comm_hash; /* read from the new communicator when a table row gives its offset, else 0 */
     s32 nranks;
     s32 rank;
     s32 color;
     s32 key;
     s32 result;
-    s32 comm_rank;  /* read from the communicator when known, else -1 */
+    s32 comm_rank;  /* read from the communicator when its offset is known, else -1 */
     s32 comm_nranks;
     u32 has_uid;
     u8 uid[128];

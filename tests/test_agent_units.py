@@ -91,7 +91,7 @@ def make_tracker() -> RankTracker:
     ident = from_environ(
         {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "TORCHELASTIC_RUN_ID": "j1"}, 7, "h"
     )
-    return RankTracker(ident, libnccl.CommLayout("test", 8, 16, 20, 32))
+    return RankTracker(ident, libnccl.CommLayout("table", 8, 16, 20))
 
 
 def feed_steps(t: RankTracker, steps: int, per_step: int = 4) -> None:
@@ -138,17 +138,34 @@ def test_tracker_cuts_steps_and_summarises() -> None:
     assert tail is None or tail["step"] is None
 
 
+def _tracker_over(mem: bytearray, layout: libnccl.CommLayout, base: int = 0x99) -> RankTracker:
+    def read(addr: int, n: int) -> bytes:
+        return bytes(mem[addr - base : addr - base + n])
+
+    return RankTracker(from_environ({}, 1, "h"), layout, read_mem=read)
+
+
 def test_tracker_identifies_a_communicator_from_process_memory() -> None:
+    """A communicator created before attach: commHash, rank, nRanks through a table row (a key every
+    rank shares); rank and nRanks only through the accessors (a key of this process); values that
+    make no sense are never trusted."""
     comm = bytearray(64)
     struct.pack_into("<Qii", comm, 8, 0xABCDEF, 5, 16)
-    t = RankTracker(
-        from_environ({}, 1, "h"),
-        libnccl.CommLayout("test", 8, 16, 20, 32),
-        read_mem=lambda addr, n: bytes(comm[:n]),
-    )
+    t = _tracker_over(comm, libnccl.CommLayout("table", 8, 16, 20))
     t.on_record(nccl_rec(0, 0x99, 3, 100))
-    assert (t.comms[0x99].hash, t.comms[0x99].rank, t.comms[0x99].nranks) == (0xABCDEF, 5, 16)
-    assert t.comms[0x99].source == "attach"
+    info = t.comms[0x99]
+    assert (info.hash, info.rank, info.nranks, info.source, info.shared) == (0xABCDEF, 5, 16, "table", True)
+    t = _tracker_over(comm, libnccl.CommLayout("accessors", libnccl.OFF_UNKNOWN, 16, 20))
+    t.on_record(nccl_rec(0, 0x99, 3, 100))
+    info = t.comms[0x99]
+    assert (info.hash, info.rank, info.nranks, info.source, info.shared) == (0x99, 5, 16, "accessors", False)
+    struct.pack_into("<ii", comm, 16, 7, 3)  # rank 7 of 3: not a communicator this layout describes
+    t = _tracker_over(comm, libnccl.CommLayout("table", 8, 16, 20))
+    t.on_record(nccl_rec(0, 0x99, 3, 100))
+    assert (t.comms[0x99].source, t.comms[0x99].nranks, t.identity_errors) == ("inferred", -1, 1)
+    t = _tracker_over(comm, libnccl.UNKNOWN_LAYOUT)
+    t.on_record(nccl_rec(0, 0x99, 3, 100))
+    assert (t.comms[0x99].source, t.comms[0x99].hash) == ("inferred", 0x99)
 
 
 def test_identity_from_launchers() -> None:
@@ -188,12 +205,13 @@ def test_elf_symbols_version_and_layout_of_the_simulated_nccl() -> None:
     elf = Elf(libs.libnccl)
     assert {"ncclAllReduce", "ncclCommInitRank", "ncclGetVersion"} <= set(elf.symbols)
     assert libnccl.version_of(elf) == 22105
-    lay = libnccl.layout_of(elf)
-    assert lay.known and (lay.comm_hash, lay.rank, lay.nranks, lay.coll_opcount) == (8, 16, 20, 32)
+    lay = libnccl.layout_of(elf)  # decoded accessors, validated against the table's row for it
+    assert (lay.source, lay.comm_hash, lay.rank, lay.nranks) == ("table", 8, 16, 20), lay.note
+    assert "argusSimNcclMarker" not in elf.data_symbols  # nothing announces the layout
     cuda = Elf(libs.libcuda)
     sym = cuda.symbols["cuLaunchKernel"]
     assert cuda.read(sym.offset, 1) == b"\x55"  # push %rbp: the probe will be cheap
-    assert libnccl.layout_of(cuda) == libnccl.UNKNOWN_LAYOUT
+    assert libnccl.layout_of(cuda).source == "none"
 
 
 def test_durations() -> None:

@@ -225,24 +225,47 @@ def test_hang_names_the_missing_rank_and_collective() -> None:
     w = HangWatch()
     last = {r: 104 for r in range(8)}
     last[6] = 96
-    w.add(_hb(100.0, [0, 1, 2, 3, 4, 5, 7], last))
+    w.add(_hb(100.0, [0, 1, 2, 3, 4, 5, 7], last), {6: {"c0": 97}})
     h = w.judge(2.0, {"c0": set(range(8))})
     assert h is not None and h.missing == [6] and (h.comm, h.seq) == ("c0", 97)
     assert w.judge(30.0, {"c0": set(range(8))}) is None  # not blocked long enough yet
 
 
 def test_engine_hang_alert_and_resolution() -> None:
+    """Heartbeats carry each rank's own sequence numbers: the engine puts them on the job's step
+    positions learnt from the summaries, so the missing rank and the collective it never reached
+    are named in the job's terms (step 12, collective #0)."""
     th = Thresholds()
     th.hang_min_s = 2.0
     eng = Engine(th, NAMES)
-    last = {r: 104 for r in range(8)}
-    last[6] = 96
-    got = eng.add(_hb(100.0, [0, 1, 2, 3, 4, 5, 7], last))
+    job = Job(steps=12)
+    for rs in steps(job):
+        eng.add(rs)
+    dp = next(iter(steps(Job(steps=1))[0].comms))
+    b = job.buckets
+    last = {r: 12 * b + 2 for r in range(8)}  # in step 12's all-reduces
+    last[6] = 12 * b - 1  # the last one of step 11
+    hb = _hb(100.0, [0, 1, 2, 3, 4, 5, 7], {})
+    hb.last_seq = {r: {dp: q} for r, q in last.items()}
+    got = eng.add(hb)
     assert [(a.kind, a.ranks, a.severity) for a in got] == [("hang", [6], "critical")]
-    assert "never reached collective 97" in got[0].summary
+    assert "never reached collective #0 of step 12" in got[0].summary, got[0].summary
+    assert got[0].evidence["collective"] == {"step": 12, "index": 0}
+    assert got[0].evidence["identity"]["comm"]["identity"] == "init"
     eng.add(_hb(102.0, [], {r: 200 for r in range(8)}))
     got = eng.add(_hb(104.0, [], {r: 210 for r in range(8)}))
     assert [(a.kind, a.state) for a in got] == [("hang", "resolved")]
+
+
+def test_engine_hang_without_positions_names_the_rank_that_is_not_blocked() -> None:
+    """Attached to a hung job: no step was ever seen, so nothing says who is behind; the ranks not
+    blocked in any probed call are the ones to look at."""
+    th = Thresholds()
+    th.hang_min_s = 2.0
+    eng = Engine(th, NAMES)
+    got = eng.add(_hb(100.0, [0, 1, 2, 3, 4, 5, 7], {r: 104 for r in range(8)}))
+    assert [(a.kind, a.ranks) for a in got] == [("hang", [6])]
+    assert "not blocked in any probed call" in got[0].summary
 
 
 # ---- alerts ------------------------------------------------------------------------------------------

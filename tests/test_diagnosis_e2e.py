@@ -1,6 +1,8 @@
-"""End to end: the simulated 8-rank job with an injected fault, `argus probe` attached with real BPF,
-its summaries fed to the aggregator in step order — the right alert kind names the right rank(s)
-within 3 steps of the fault's onset, and nothing else fires. Jobs run one at a time."""
+"""End to end: the simulated 8-rank job with an injected fault, `argus probe` attached with real BPF
+and every default channel before the job's first CUDA call, its summaries fed to the aggregator in
+step order — the right alert kind names the right rank(s) within 3 steps of the fault's onset, and
+nothing else fires. Jobs run one at a time. (Attached late, and on the second stand-ins:
+tests/test_attach_late_e2e.py.)"""
 
 from __future__ import annotations
 
@@ -96,7 +98,8 @@ def test_hang_names_the_missing_rank_and_sequence(tmp_path: Path) -> None:
     assert [(a.ranks, a.severity) for a in hangs] == [([6], "critical")], [
         (a.kind, a.ranks) for a, _ in fired
     ]
-    assert hangs[0].evidence["seq"] == c.truth["faults"][0]["hang"]["dp_seq"]
+    # the trainer stopped before its first DP all-reduce of that step: collective #0 of the step
+    assert hangs[0].evidence["collective"] == {"step": c.truth["faults"][0]["hang"]["step"], "index": 0}
     assert hangs[0].evidence["blocked_ranks"] == 7
     # detected within the threshold plus two heartbeat periods of the hang
     assert c.hang_seen_ns is not None

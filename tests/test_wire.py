@@ -121,6 +121,12 @@ def test_heartbeat_round_trip() -> None:
         last_step={0: 3},
         drops={"ringbuf": 2},
         health={"published": 10, "cpu_ms": 5},
+        where={
+            0: "blocked in cuStreamSynchronize (libcuda.so.1) from step (train.py:9)",
+            1: "in f (t.py:3), futex",
+        },
+        attach_blocked=[0],
+        inflight_comm={1: [8, 3]},
     )
     assert wire.decode_heartbeat(wire.encode_heartbeat(hb)) == hb
     with pytest.raises(wire.WireError) as e:

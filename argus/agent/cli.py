@@ -291,6 +291,8 @@ class Prober:
             f"pid {pid}: rank {ident.rank if ident.rank >= 0 else '?'} of job {ident.job} on {ident.host} "
             f"[{libs}]"
         )
+        if "nccl" in t.libraries:
+            self._say(f"pid {pid}: communicators identified from {t.layout.source}: {t.layout.note}")
         return True
 
     def run(self) -> int:

@@ -21,6 +21,7 @@ from argus.schema import OPS, P2P, Heartbeat, InFlight, from_probe
 from argus.transport import HB_INTERVAL_S, Publisher
 
 COLLECTIVES = frozenset(op for op in OPS if op not in P2P)
+SUSPECT_S = 5.0  # a call in flight this long: say what every rank of the job is doing
 
 
 def agent_id(host: Optional[str] = None) -> str:
@@ -59,6 +60,7 @@ def heartbeats(s: Session, agent: str, host: str) -> List[Heartbeat]:
         hb.last_seq[r] = dict(t.tracker.last_seq)
         if t.tracker.last_step is not None:
             hb.last_step[r] = t.tracker.last_step
+    suspect = set()
     for f in s.inflight():
         tf = s.targets.get(f["pid"])
         if tf is None or not tf.alive:
@@ -69,10 +71,23 @@ def heartbeats(s: Session, agent: str, host: str) -> List[Heartbeat]:
             info = tf.tracker.comms.get(f["handle"])
             comm = info.key if info is not None else f"{f['handle']:016x}"
             if libnccl.OPS.get(f["call"]) in COLLECTIVES:
-                seq = int(f["seq"])
-        out[tf.identity.job].inflight.append(
+                seq = None if f["seq"] is None else int(f["seq"])
+        hb = out[tf.identity.job]
+        hb.inflight.append(
             InFlight(tf.identity.rank, f["pid"], f["call"], int(f["since_ns"]) + wall, comm, seq)
         )
+        if f.get("scan") and tf.identity.rank not in hb.attach_blocked:
+            hb.attach_blocked.append(tf.identity.rank)
+            info = tf.tracker.comms.get(f["handle"]) if f["handle"] else None
+            if info is not None and 0 <= info.rank < info.nranks:
+                hb.inflight_comm[tf.identity.rank] = [info.nranks, info.rank]
+        if f["age_s"] >= SUSPECT_S:
+            suspect.add(tf.identity.job)
+    for pid, t in s.targets.items():  # maybe a hang: what is every rank doing (the others first)
+        if t.alive and t.identity.job in suspect:
+            where = s.where(pid)
+            if where:
+                out[t.identity.job].where[t.identity.rank] = where
     return list(out.values())
 
 

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from argus.agent import bpfprog, clock
+from argus.agent.attachscan import AttachScans
 from argus.agent.identity import Identity
 from argus.agent.launchwin import ATTACH, DETACH, LaunchWindows
 from argus.agent.tracker import STEP_MARKER, RankTracker
-from argus.errors import EnvironmentProblem, NotATarget, SymbolMissing
+from argus.errors import ArgusError, EnvironmentProblem, NotATarget, SymbolMissing
 from argus.probes import cpython, libcuda, libcudart, libnccl
 from argus.probes.base import Channel, LibraryProbes, MappedLibrary, register_calls, resolve
 from argus.probes.elf import Elf
@@ -47,6 +48,7 @@ class Target:
     seen_epoch: int = 0  # the epoch counter at the previous drain
     alive: bool = True
     flushed: bool = False  # after exit: the tail was emitted
+    layout: libnccl.CommLayout = libnccl.UNKNOWN_LAYOUT  # how its communicators are identified
 
 
 @dataclass
@@ -85,6 +87,9 @@ class Session:
         self.targets: Dict[int, Target] = {}
         self.health = Health()
         self._attached_inodes: Set[Tuple[str, Tuple[int, int]]] = set()
+        self._layouts: Dict[Tuple[int, int], libnccl.CommLayout] = {}
+        self.scans = AttachScans()  # threads already blocked in a probed call when we attached
+        self.last_record: Dict[int, Dict[int, int]] = {}  # pid -> tid -> ts of its latest ring record
         bpfprog.preflight()
         self.bpf: Any = bpfprog.load(self.channels, self.opts)
         self.bpf["records"].open_ring_buffer(self._on_ring)
@@ -104,7 +109,8 @@ class Session:
         layout = libnccl.UNKNOWN_LAYOUT
         nccl = libs.get("nccl")
         if nccl is not None and nccl.elf is not None:
-            layout = libnccl.layout_of(nccl.elf)
+            layout = self._layouts.get(nccl.library.inode) or libnccl.layout_of(nccl.elf)
+            self._layouts[nccl.library.inode] = layout  # decoded once per library file
         for lp in libs.values():
             self._attach(lp)
             for name in lp.missing_optional:
@@ -116,7 +122,7 @@ class Session:
             read_mem=functools.partial(read_process, pid),
             step_fn=self.step_fn is not None,
         )
-        t = Target(pid, identity, tracker, libs)
+        t = Target(pid, identity, tracker, libs, layout=layout)
         if self.py is not None:
             self.py.add(pid, tracker.sections)
         # start counting epochs from where the process is (0 when new)
@@ -130,7 +136,6 @@ class Session:
         cfg = TargetCfg(
             rank=max(identity.rank, 0) & 0xFFFFFFFF,
             flags=0,
-            off_coll_opcount=layout.coll_opcount,
             off_comm_hash=layout.comm_hash,
             off_comm_rank=layout.rank,
             off_comm_nranks=layout.nranks,
@@ -138,7 +143,25 @@ class Session:
         tbl = self.bpf["targets"]
         tbl[key] = tbl.Leaf.from_buffer_copy(bytes(cfg))
         self.targets[pid] = t
+        # after the probes are live: a thread found inside a probed call now entered it before
+        self.scans.scan(pid, list(libs.values()), self._interpreter(pid), is_comm=tracker.is_comm)
         return t
+
+    def _interpreter(self, pid: int) -> Optional[cpython.Interpreter]:
+        pt = self.py.targets.get(pid) if self.py is not None else None
+        if pt is not None:
+            return pt.interp
+        try:
+            return cpython.inspect(pid)
+        except ArgusError:  # an unsupported Python: native frames only
+            return None
+
+    def where(self, pid: int) -> str:
+        """What the process is doing now, from its threads (for a hang: the ranks not blocked)."""
+        t = self.targets.get(pid)
+        if t is None or not t.alive:
+            return ""
+        return self.scans.where(pid, list(t.libraries.values()), self._interpreter(pid))
 
     def remove(self, pid: int) -> None:
         t = self.targets.get(pid)
@@ -151,6 +174,8 @@ class Session:
             pass
         if self.py is not None:
             self.py.remove(pid)
+        self.scans.forget(pid)
+        self.last_record.pop(pid, None)
 
     def _attach(self, lp: LibraryProbes) -> None:
         ident = (lp.channel.name, lp.library.inode)
@@ -259,6 +284,10 @@ class Session:
             return
         if self.py is not None and self.py.on_record(rec):
             return
+        seen = self.last_record.get(rec.h.tgid)
+        if seen is None:
+            seen = self.last_record[rec.h.tgid] = {}
+        seen[rec.h.tid] = rec.h.ts
         t = self.targets.get(rec.h.tgid)
         if t is not None:
             t.tracker.on_record(rec)
@@ -350,6 +379,26 @@ class Session:
                         "age_s": (now - v.enter_ns) / 1e9,
                         "handle": v.handle,
                         "seq": v.seq,
+                        "scan": False,
+                    }
+                )
+        # entered before we attached, found by the attach scan (since: a lower bound)
+        for pid, t in self.targets.items():
+            if not t.alive:
+                continue
+            steps = t.tracker.steps_emitted
+            libs = list(t.libraries.values())
+            for b in self.scans.still_blocked(pid, self.last_record.get(pid, {}), steps, libs):
+                out.append(
+                    {
+                        "pid": pid,
+                        "tid": b.tid,
+                        "call": b.call,
+                        "since_ns": b.since_ns,
+                        "age_s": (now - b.since_ns) / 1e9,
+                        "handle": b.comm,
+                        "seq": None,
+                        "scan": True,
                     }
                 )
         return out

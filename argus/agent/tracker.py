@@ -18,7 +18,6 @@ from argus.probes import libcuda, libnccl
 from argus.probes.base import call_id, call_name
 from argus.probes.records import (
     NCCL_F_IN_GROUP,
-    NCCL_F_SEQ_FROM_COMM,
     RecCommInit,
     RecElapsed,
     RecEventRecord,
@@ -40,16 +39,31 @@ def fnv1a64(data: bytes, h: int = FNV_OFFSET) -> int:
     return h
 
 
+# Where a communicator's identity came from. The first three give a key every rank of the
+# communicator shares; the last two a key of this process only (its handle), which the aggregator
+# maps onto the job's communicators by size, call signature and step time.
+SHARED_IDENTITIES = ("table", "init", "split")
+MAX_NRANKS = 1 << 20
+
+
 @dataclass
 class CommInfo:
     hash: int
     nranks: int  # -1 when unknown
     rank: int
-    source: str  # init (seen created) | split | attach (read from the process later) | handle (unknown)
+    # table (commHash read through a validated layout) | init (seen created: unique id hash) |
+    # split (seen split from a shared parent) | accessors (rank/nRanks read, local key) |
+    # inferred (nothing known, local key)
+    source: str
+    created: bool = False  # seen created: its sequence numbers count from its first collective
 
     @property
     def key(self) -> str:
         return f"{self.hash:016x}"
+
+    @property
+    def shared(self) -> bool:
+        return self.source in SHARED_IDENTITIES
 
 
 @dataclass
@@ -84,6 +98,7 @@ class RankTracker:
         self.epochs: Dict[int, EpochData] = {}
         self.func_names: Dict[int, str] = {}
         self.comms: Dict[int, CommInfo] = {}
+        self.identity_errors = 0  # communicator fields read from the process that made no sense
         self.split_counts: Counter = Counter()
         self.event_stream: Dict[int, int] = {}
         self.event_epoch: Dict[int, int] = {}
@@ -163,36 +178,70 @@ class RankTracker:
         if r.result != 0 or not r.comm:
             return
         name = call_name(r.h.call)
+        nranks, rank = r.nranks, r.rank
+        if 0 <= r.comm_rank < r.comm_nranks <= MAX_NRANKS:  # read through the layout at return
+            nranks, rank = r.comm_nranks, r.comm_rank
+        if name == "ncclCommSplit":
+            nranks = r.comm_nranks if 0 <= r.comm_rank < r.comm_nranks <= MAX_NRANKS else -1
+            rank = r.comm_rank if nranks > 0 else -1
         if r.comm_hash:
-            info = CommInfo(r.comm_hash, r.comm_nranks, r.comm_rank, "init")
+            info = CommInfo(r.comm_hash, nranks, rank, "table", True)
         elif r.has_uid:
-            info = CommInfo(fnv1a64(bytes(r.uid)), r.nranks, r.rank, "init")
-        elif name == "ncclCommSplit" and r.parent in self.comms:
+            info = CommInfo(fnv1a64(bytes(r.uid)), nranks, rank, "init", True)
+        elif name == "ncclCommSplit" and r.parent in self.comms and self.comms[r.parent].shared:
             # ranks of the parent split in the same order: (parent, split index, color) names the child
             seq = self.split_counts[r.parent]
             h = fnv1a64(self.comms[r.parent].hash.to_bytes(8, "little"))
             h = fnv1a64(seq.to_bytes(8, "little"), h)
             h = fnv1a64(r.color.to_bytes(8, "little", signed=True), h)
-            info = CommInfo(h, -1, -1, "split")
+            info = CommInfo(h, nranks, rank, "split", True)
         else:
-            info = CommInfo(r.comm, -1, -1, "handle")
+            info = CommInfo(r.comm, nranks, rank, "accessors" if nranks > 0 else "inferred", True)
         if name == "ncclCommSplit":
             self.split_counts[r.parent] += 1
         self.comms[r.comm] = info
 
+    def is_comm(self, addr: int) -> bool:
+        """Whether `addr` looks like a communicator of this build (its rank and nRanks, read through
+        the layout, make sense; with a table row, a commHash too). Identifies it when so."""
+        if addr in self.comms:
+            return True
+        if not self.layout.has_ranks:
+            return False
+        before = self.identity_errors
+        self._identify(addr)
+        info = self.comms[addr]
+        self.identity_errors = before  # a stack word that is not a communicator is no error
+        if info.source == "inferred" or (self.layout.has_hash and info.source != "table"):
+            del self.comms[addr]
+            return False
+        return True
+
     def _identify(self, comm: int) -> None:
-        """A communicator created before we attached: read it from the process when the layout is known."""
+        """A communicator created before we attached: read what the layout of this build gives
+        (commHash, rank, nRanks through a validated table row; rank and nRanks through the decoded
+        accessors), checked for sense; else it is known by its handle until the aggregator matches it."""
         lay = self.layout
-        if lay.known and self.read_mem is not None:
-            hi = max(lay.comm_hash + 8, lay.rank + 4, lay.nranks + 4)
-            raw = self.read_mem(comm, hi)
-            if raw is not None and len(raw) >= hi:
-                h = int.from_bytes(raw[lay.comm_hash : lay.comm_hash + 8], "little")
-                rank = int.from_bytes(raw[lay.rank : lay.rank + 4], "little", signed=True)
-                nranks = int.from_bytes(raw[lay.nranks : lay.nranks + 4], "little", signed=True)
-                self.comms[comm] = CommInfo(h, nranks, rank, "attach")
-                return
-        self.comms[comm] = CommInfo(comm, -1, -1, "handle")
+        info = CommInfo(comm, -1, -1, "inferred")
+        if lay.has_ranks and self.read_mem is not None:
+            offs = [lay.rank, lay.nranks] + ([lay.comm_hash] if lay.has_hash else [])
+            lo, hi = min(offs), max(offs) + 8
+            raw = self.read_mem(comm + lo, hi - lo)
+            if raw is not None and len(raw) >= hi - lo:
+                rank = int.from_bytes(raw[lay.rank - lo : lay.rank - lo + 4], "little", signed=True)
+                nranks = int.from_bytes(raw[lay.nranks - lo : lay.nranks - lo + 4], "little", signed=True)
+                h = (
+                    int.from_bytes(raw[lay.comm_hash - lo : lay.comm_hash - lo + 8], "little")
+                    if lay.has_hash
+                    else 0
+                )
+                if 0 <= rank < nranks <= MAX_NRANKS:
+                    info = (
+                        CommInfo(h, nranks, rank, "table") if h else CommInfo(comm, nranks, rank, "accessors")
+                    )
+                else:
+                    self.identity_errors += 1
+        self.comms[comm] = info
 
     # ---- steps ---------------------------------------------------------------------------------------
 
@@ -201,7 +250,7 @@ class RankTracker:
         colls: Counter = Counter()
         first = last = None
         for n in d.nccl:
-            colls[(self.comms.get(n.comm, CommInfo(n.comm, -1, -1, "handle")).hash, n.h.call)] += 1
+            colls[(self.comms.get(n.comm, CommInfo(n.comm, -1, -1, "inferred")).hash, n.h.call)] += 1
             first = n.enter_ns if first is None else min(first, n.enter_ns)
             last = n.h.ts if last is None else max(last, n.h.ts)
         s = d.sync
@@ -303,17 +352,18 @@ class RankTracker:
         return out
 
     def _step_index(self, data: List[EpochData]) -> Tuple[int, str]:
-        """A step number all ranks agree on: the first collective sequence number of the widest
-        communicator, divided by its collectives per step. Falls back to a local ordinal."""
+        """The step number: for a communicator seen created (so its sequence numbers count from its
+        first collective, like every rank's), its first sequence number in the step divided by its
+        collectives per step — the trainer's own step index, the same on every rank. Otherwise a local
+        ordinal, which the aggregator aligns across ranks by step time."""
         per_comm: Dict[int, List[int]] = {}
         for d in data:
             for n in d.nccl:
-                if n.flags & NCCL_F_SEQ_FROM_COMM:
+                info = self.comms.get(n.comm)
+                if info is not None and info.created and call_name(n.h.call) not in ("ncclSend", "ncclRecv"):
                     per_comm.setdefault(n.comm, []).append(n.seq)
         if per_comm:
-            ref = max(
-                per_comm, key=lambda c: (self.comms[c].nranks if c in self.comms else -1, len(per_comm[c]), c)
-            )
+            ref = max(per_comm, key=lambda c: (self.comms[c].nranks, len(per_comm[c]), c))
             seqs = per_comm[ref]
             return min(seqs) // len(seqs), "nccl-seq"
         return self.ordinal, "ordinal"
@@ -414,7 +464,7 @@ class RankTracker:
                 o["count"] += 1
                 o["bytes"] += nbytes
                 o["host_ns"] += n.h.ts - n.enter_ns
-                info = self.comms.get(n.comm) or CommInfo(n.comm, -1, -1, "handle")
+                info = self.comms.get(n.comm) or CommInfo(n.comm, -1, -1, "inferred")
                 cm = comms.setdefault(
                     info.key,
                     {

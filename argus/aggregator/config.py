@@ -18,9 +18,19 @@ class Thresholds:
     window: int = 64
     #: a step is judged once every expected rank reported it, or once ranks reported `lag` later steps
     lag_steps: int = 2
+    #: ... and a rank missing from a step is waited for while it reported within this much job time
+    #: (agents send a rank's steps of one interval together, so the others' newer steps come first)
+    lag_s: float = 3.0
     #: steps of a job seen before any level judges (noise baselines need history; a job's first
     #: steps are its noisiest: with 5, false stragglers were named at steps 8 and 9 in CI)
     warmup_steps: int = 8
+    #: ... but only for a job seen from its start: one the agents attached to late is in its steady
+    #: state, and a fault already present must be named within a few steps of the first aligned data
+    attach_warmup_steps: int = 1
+    #: ... and for this many judged steps after that warm-up, a rank is named only when flagged in
+    #: every one of its last `persist_n` steps (its group's noise is barely known yet: in clean
+    #: simulated runs the agent's own start-up made one rank stand out for 3 steps right after attach)
+    young_steps: int = 12
 
     # ---- L1: iteration time -----------------------------------------------------------------------
     #: spike: step time / median of the previous `spike_window` steps (the paper's "> 2x baseline")
@@ -46,6 +56,11 @@ class Thresholds:
     rel_min: float = 0.10
     #: ... and at least this much in absolute terms (ns)
     abs_min_ns: int = 1_000_000
+    #: ... and costs at least this share of the job's step: a rank slower by less is not worth a page
+    #: at 3 a.m., and on a shared host it is often real but passing CPU contention (on the 2-core CI
+    #: machine, 8 simulated ranks drew clean-run "stragglers" of 4-7% of the step; faults worth naming
+    #: cost 15% and more)
+    share_min: float = 0.08
     #: host arrival lateness floor (ns): clock sync between hosts is ~1 ms at best
     late_min_ns: int = 2_000_000
     #: a rank is a straggler when flagged in `persist_k` of its last `persist_n` judged steps
@@ -84,8 +99,8 @@ class Thresholds:
 
     # ---- hang ---------------------------------------------------------------------------------------
     #: blocked longer than max(hang_min_s, hang_steps x median step) in a sync or collective
-    hang_min_s: float = 60.0
-    hang_steps: float = 5.0
+    hang_min_s: float = 15.0
+    hang_steps: float = 10.0
 
     # ---- resolution -------------------------------------------------------------------------------
     #: an alert whose condition was not seen for this many judged steps is resolved

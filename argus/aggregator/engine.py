@@ -11,6 +11,7 @@ the state kept per job is bounded by `Thresholds.window` steps.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import deque
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Protoco
 
 from argus.aggregator import hoststall
 from argus.aggregator.alerts import Alert, AlertBook, Finding
+from argus.aggregator.align import POSITIONS, JobAlign
+from argus.aggregator.commmode import CommModes
 from argus.aggregator.config import PhaseInfo, Thresholds
 from argus.aggregator.explain import Explainer
 from argus.aggregator.hang import HangWatch
@@ -114,6 +117,8 @@ class JobDiag:
     l2: L2
     l3: L3
     hang: HangWatch = field(default_factory=HangWatch)
+    align: JobAlign = field(default_factory=JobAlign)
+    modes: CommModes = field(default_factory=CommModes)
     hosts: Dict[int, str] = field(default_factory=dict)
     judged: int = 0
     last_step: int = -1
@@ -175,7 +180,7 @@ class Engine:
                 job,
                 th,
                 self.info,
-                Aligner(th.lag_steps, max_pending=th.window),
+                Aligner(th.lag_steps, max_pending=th.window, lag_s=th.lag_s),
                 Groups(th.min_group),
                 L1(th),
                 L2(th, self.info),
@@ -192,6 +197,12 @@ class Engine:
         self.stats.rank_steps += 1
         d = self._job(rs.job)
         d.hosts[rs.rank] = rs.host  # the rank's own host wins over its agent's (heartbeats come first)
+        out: List[Alert] = []
+        for x in d.align.add(rs):  # on the job's step numbers and communicators (argus.aggregator.align)
+            out += self._take(d, x)
+        return out
+
+    def _take(self, d: JobDiag, rs: RankStep) -> List[Alert]:
         before = d.aligner.late
         d.aligner.add(rs)
         if d.aligner.late != before:
@@ -203,17 +214,48 @@ class Engine:
             out += self._judge(d, frame)
         return out
 
+    def _job_beat(self, d: JobDiag, hb: Heartbeat) -> Tuple[Heartbeat, Dict[int, Dict[str, int]]]:
+        """The heartbeat on the job's communicators and collective positions (what each rank's own
+        sequence numbers are in the job's steps), and each rank's next position per communicator."""
+        last: Dict[int, Dict[str, int]] = {}
+        nxt: Dict[int, Dict[str, int]] = {}
+        for r, m in hb.last_seq.items():
+            for c, seq in m.items():
+                pos, after = d.align.position(r, c, seq), d.align.position(r, c, seq + 1)
+                if pos is None or after is None:
+                    continue
+                last.setdefault(r, {})[pos[0]] = pos[1] * POSITIONS + pos[2]
+                nxt.setdefault(r, {})[pos[0]] = after[1] * POSITIONS + after[2]
+        inflight = []
+        for f in hb.inflight:
+            comm: Optional[str] = f.comm
+            jseq: Optional[int] = None
+            if comm is not None:
+                pos = d.align.position(f.rank, comm, f.seq) if f.seq is not None else None
+                after = d.align.position(f.rank, comm, f.seq + 1) if f.seq is not None else None
+                comm = pos[0] if pos else d.align.job_comm(f.rank, comm) or comm
+                if pos is not None:
+                    jseq = pos[1] * POSITIONS + pos[2]
+                if pos is not None and after is not None and jseq is not None:
+                    # a blocking call entered and not returned made no record yet: it counts
+                    if jseq > last.get(f.rank, {}).get(pos[0], -1):
+                        last.setdefault(f.rank, {})[pos[0]] = jseq
+                        nxt.setdefault(f.rank, {})[pos[0]] = after[1] * POSITIONS + after[2]
+            inflight.append(dataclasses.replace(f, comm=comm, seq=jseq))
+        return dataclasses.replace(hb, last_seq=last, inflight=inflight), nxt
+
     def add_heartbeat(self, hb: Heartbeat) -> List[Alert]:
         self.stats.heartbeats += 1
         d = self._job(hb.job)
         for r in hb.ranks:
             d.hosts.setdefault(r, hb.host)
-        d.hang.add(hb)
+        jb, nxt = self._job_beat(d, hb)
+        d.hang.add(jb, nxt)
         base = d.l1.median_step()
         threshold = max(self.th.hang_min_s, self.th.hang_steps * base / 1e9)
         members = {g.comm: set(g.members) for g in d.groups.by_comm.values()}
         h = d.hang.judge(threshold, members)
-        ex = Explainer(d.job, d.groups, self.info, d.hosts)
+        ex = Explainer(d.job, d.groups, self.info, d.hosts, align=d.align, modes=d.modes)
         findings = [ex.hang(h, d.last_step if d.last_step >= 0 else None)] if h else []
         return self._publish(d, d.hang.now_ns(), findings, {"hang"}, resolve_after=2)
 
@@ -225,6 +267,9 @@ class Engine:
         """Judge every pending step (end of a finite source)."""
         out: List[Alert] = []
         for d in self.jobs.values():
+            for x in d.align.flush():
+                d.aligner.add(x)
+                d.groups.observe(x)
             for frame in d.aligner.ready(flush=True):
                 out += self._judge(d, frame)
         return out
@@ -252,16 +297,23 @@ class Engine:
         d.last_t_ns = t_ns
         step_ns = median([rs.duration_ns for rs in ranks.values()])
         base_ns = d.l1.median_step() or step_ns
-        judge = d.judged > th.warmup_steps
+        # a job seen from its start is noisiest there; one attached to is in its steady state
+        start = d.align.absolute and d.first_step < th.warmup_steps
+        warm = th.warmup_steps if start else th.attach_warmup_steps
+        judge = d.judged > warm
+        young = not start and d.judged <= warm + th.young_steps
         for r, rs in ranks.items():
             if rs.py_phases:
                 q = d.py.get(r)
                 if q is None:
                     q = d.py[r] = deque(maxlen=PY_WINDOW)
                 q.append(rs.py_phases)
-        ex = Explainer(d.job, d.groups, self.info, d.hosts, d.py)
+        ex = Explainer(d.job, d.groups, self.info, d.hosts, d.py, d.align, d.modes)
         findings: List[Finding] = []
 
+        # blocking communicators: the host's wait inside their calls is a phase (argus.aggregator.commmode)
+        d.modes.observe(ranks, d.groups)
+        d.modes.add_wait_phases(ranks, d.groups)
         # L2 (and host stalls, which take their ranks out of the straggler count)
         flags = d.l2.measure(frame.step, ranks, d.groups, base_ns, judge)
         stalls = hoststall.detect(ranks, flags, step_ns, base_ns, th) if judge else []
@@ -273,7 +325,7 @@ class Engine:
                 since = (frame.step, d.judged)
             d.stall_since[r] = (since[0], d.judged)
             findings.append(ex.stall(r, s["evidence"], since[0], frame.step))
-        cands = d.l2.persistent() if judge else set()
+        cands = d.l2.persistent(young) if judge else set()
         named: Set[int] = set()
         flagged_now = {r for r, f in flags.items() if f.flagged} if judge else set()
         for c in name_culprits(cands, flagged_now, d.l2, d.groups, th):

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any, Deque, Dict, List, Mapping, Optional
 
 from argus.aggregator.alerts import Finding
+from argus.aggregator.align import POSITIONS, JobAlign
+from argus.aggregator.commmode import WAIT_P2P, CommModes
 from argus.aggregator.config import PhaseInfo
 from argus.aggregator.hang import HangFinding
 from argus.aggregator.l1 import L1Finding
@@ -13,6 +15,13 @@ from argus.aggregator.l2 import L2, Culprit, RankFlag
 from argus.aggregator.l3 import Drift, Shift
 from argus.aggregator.robust import median
 from argus.aggregator.state import JOB_GROUP, Groups
+
+
+def _position(pos: Optional[int]) -> Optional[Dict[str, int]]:
+    """A job position (argus.aggregator.align) as step and index of the collective in the step."""
+    if pos is None:
+        return None
+    return {"step": pos // POSITIONS, "index": pos % POSITIONS}
 
 
 def ranks_text(ranks: List[int]) -> str:
@@ -46,12 +55,30 @@ class Explainer:
         info: PhaseInfo,
         hosts: Dict[int, str],
         py: Optional[Mapping[int, Deque[Dict[str, int]]]] = None,
+        align: Optional[JobAlign] = None,
+        modes: Optional[CommModes] = None,
     ) -> None:
         self.job = job
         self.groups = groups
         self.info = info
         self.hosts = hosts
         self.py = py or {}
+        self.align = align
+        self.modes = modes
+
+    def identity(self, ev: Dict[str, Any], comm: Optional[str], ranks: List[int]) -> None:
+        """Where the finding's communicator and step alignment came from, and how sure that is; and
+        whether its collectives block the host (then host time inside them is the wait)."""
+        if self.align is not None:
+            ident = self.align.identity(comm, ranks)
+            if ident:
+                ev["identity"] = ident
+        if self.modes is not None and comm is not None:
+            b = self.modes.blocking(comm)
+            if b is None:  # a send/recv link has no instances to vote with: the job's majority
+                b = self.modes.job_blocking()
+            if b is not None:
+                ev["comm_mode"] = "blocking" if b else "async"
 
     def py_outliers(self, r: int, peers: List[int]) -> Dict[str, Dict[str, Optional[float]]]:
         """Python phases in which rank r spent clearly more time per step than its peers' median
@@ -143,10 +170,16 @@ class Explainer:
             parts.append(f"its {txt} of its peers'")
         if low:
             p, v = low[0]
-            parts.append(
-                f"its GPU reached the collectives last in {gpu_last} of {len(eps)} steps "
-                f"(its {self.info.label(p)} is {_x(v[0])} its peers': they waited {_ms(v[1])} for it)"
-            )
+            if p.startswith("wait:"):  # host time inside blocking calls (argus.aggregator.commmode)
+                parts.append(
+                    f"it waited least inside the blocking collectives in {v[2]} of {len(eps)} steps "
+                    f"(its host time in them is {_x(v[0])} its peers': they waited {_ms(v[1])} for it)"
+                )
+            else:
+                parts.append(
+                    f"its GPU reached the collectives last in {gpu_last} of {len(eps)} steps "
+                    f"(its {self.info.label(p)} is {_x(v[0])} its peers': they waited {_ms(v[1])} for it)"
+                )
         if py:
             txt = ", ".join(
                 f"{p} {_x(v['ratio']) + ' ' if v['ratio'] else ''}(+{_ms((v['extra_ms'] or 0.0) * 1e6)}/step)"
@@ -168,6 +201,7 @@ class Explainer:
             tail = f"; the other {n} ranks' collective waits are symptoms, not causes" if n else ""
             head = f"{self.who(r)} is the straggler of {where} in steps {first}–{step}"
         summary = head + ": " + "; ".join(parts or ["it was the outlier of its group"]) + tail
+        self.identity(ev, grp["comm"], members or [r])
         return Finding(c.kind, [r], (first, step), summary, ev, grp["comm"], grp["op"])
 
     def _pair(self, c: Culprit, l2: L2, step: int, window: int) -> Finding:
@@ -186,7 +220,15 @@ class Explainer:
         grown = ", ".join(
             f"{self.info.short(p)} +{_ms(sa[p][1])}/+{_ms(sb[p][1])}" for p in phases if p in sb
         )
+        if not grown:  # no GPU phase: the pair's host waits inside blocking send/recv grew alike
+            ea, eb = l2.extra(a, WAIT_P2P)[1], l2.extra(b, WAIT_P2P)[1]
+            ev["extra_ms"] = {WAIT_P2P: [round(ea / 1e6, 2), round(eb / 1e6, 2)]}
+            ev["attribution"] = (
+                "pair (both ends' host waits in their blocking send/recv grew by the same time)"
+            )
+            grown = f"host time in send/recv +{_ms(ea)}/+{_ms(eb)}"
         what = self.groups.describe(c.link) if c.link else "link"
+        self.identity(ev, c.link, [a, b])
         summary = (
             f"the link between {self.who(a)} and {self.who(b)} ({what}) is slow in steps {first}–{step}: "
             f"both ends grew by the same time ({grown}) while their peers did not — the transfers "
@@ -211,6 +253,7 @@ class Explainer:
             f"sat idle while every other rank waited (baseline step {ev['baseline_step_ms']:.0f} ms). "
             "Data loading, JIT compilation or GC: host stacks would tell which"
         )
+        self.identity(ev, None, [r])
         return Finding("host_stall", [r], (first, step), summary, ev)
 
     # ---- L3 ---------------------------------------------------------------------------------------
@@ -243,6 +286,7 @@ class Explainer:
                 + ". A slow link or NIC inside this group; which pair cannot be told from per-rank timings "
                 "of a ring collective: run nccl-tests between pairs of these ranks' hosts"
             )
+            self.identity(ev, grp["comm"], members)
             return Finding("slow_link", members, (s.since, step), summary, ev, grp["comm"], grp["op"])
         note = "" if s.role == "main" else " (if this timer measures communication, this is a slow link)"
         summary = (
@@ -274,27 +318,47 @@ class Explainer:
     def hang(self, h: HangFinding, step: Optional[int]) -> Finding:
         ev = dict(h.evidence)
         ev["comm"] = h.comm
-        ev["seq"] = h.seq
-        ev["blocked"] = {r: h.blocked[r] for r in sorted(h.blocked)}
+        ev["collective"] = _position(h.seq)
+        ev["blocked"] = {
+            r: {**h.blocked[r], "seq": _position(h.blocked[r].get("seq"))} for r in sorted(h.blocked)
+        }
+        if "last_seq" in ev:
+            ev["last_seq"] = {r: _position(v) for r, v in ev["last_seq"].items()}
         nb = len(h.blocked)
         calls = "/".join(ev["calls"])
-        if h.comm is not None:
+        blocked_txt = f"{nb} rank(s) blocked in {calls} for {ev['longest_blocked_s']:.1f} s"
+        if ev.get("since_attach"):
+            blocked_txt += " or more (blocked when the agent attached)"
+        where = ev.get("where") or {}
+        doing = "; ".join(f"rank {r} is {w}" for r, w in sorted(where.items()) if r in h.missing)
+        if h.comm is not None and h.seq is not None:
+            at = ev["collective"]
             summary = (
-                f"hang: {nb} rank(s) blocked in {calls} for up to {ev['longest_blocked_s']:.1f} s while "
-                f"{', '.join(self.who(r) for r in h.missing)} never reached collective {h.seq} of "
-                f"{self.groups.describe(h.comm)} (its last was {h.seq - 1 if h.seq is not None else '?'})"
+                f"hang: {blocked_txt} while {', '.join(self.who(r) for r in h.missing)} never reached "
+                f"collective #{at['index']} of step {at['step']} on {self.groups.describe(h.comm)}"
+            )
+        elif h.missing and "communicator" in ev:
+            cm = ev["communicator"]
+            summary = (
+                f"hang: {blocked_txt} as ranks {ranks_text(cm['blocked_as'])} of a communicator of "
+                f"{cm['nranks']} ranks; {', '.join(self.who(r) for r in h.missing)} — its rank(s) "
+                f"{ranks_text(cm['missing_as'])} — never arrived"
             )
         elif h.missing:
+            on = f" on {self.groups.describe(h.comm)}" if h.comm is not None else ""
             summary = (
-                f"hang: {nb} rank(s) blocked in {calls} for up to {ev['longest_blocked_s']:.1f} s; "
-                f"{', '.join(self.who(r) for r in h.missing)} are not blocked in any call: look at them first"
+                f"hang: {blocked_txt}{on}; {', '.join(self.who(r) for r in h.missing)} "
+                f"{'is' if len(h.missing) == 1 else 'are'} not blocked in any probed call: look there first"
             )
         else:
             summary = (
-                f"hang: {nb} rank(s) blocked in {calls} for up to {ev['longest_blocked_s']:.1f} s and "
-                "no rank is behind: one entered and never left (dead GPU, wedged kernel)"
+                f"hang: {blocked_txt} and no rank is behind: one entered and never left "
+                "(dead GPU, wedged kernel)"
             )
+        if doing:
+            summary += f" ({doing})"
         ranks = h.missing or sorted(h.blocked)
+        self.identity(ev, h.comm, ranks)
         s = step if step is not None else -1
         return Finding("hang", ranks, (s, s), summary, ev, h.comm, None)
 

@@ -3,10 +3,12 @@ collection, swapping), the step spikes for everyone, and only that rank's host t
 
 Signals, all per step and relative to the rank's symmetric group:
 
-* its host reached the step's collectives late by at least max(`stall_min_ns`, `stall_rel` x the
-  median step) — everyone else's step spikes too, because they wait for it at the collectives;
-* its own host time outside GPU waits (`host_other` = duration − host sync wait) grew by at least
-  `stall_host_share` of that lateness — its peers' host time did not (they sat in the sync);
+* its host reached the step's collectives (with blocking collectives: one of them) late by at
+  least max(`stall_min_ns`, `stall_rel` x the median step) — everyone else's step spikes too,
+  because they wait for it at the collectives;
+* its own host time outside GPU waits and blocking collectives (`host_other` = duration − host
+  sync wait − `wait:*`) grew by at least `stall_host_share` of that lateness — its peers' host
+  time did not (they sat in the sync, or inside the collectives);
 * its launch rate (launches per ms of step) collapsed: the same launches spread over a long step.
 
 Where the gap sat tells part of the cause: before the first collective (the batch was not ready,
@@ -21,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from argus.aggregator.config import Thresholds
-from argus.aggregator.l2 import RankFlag
+from argus.aggregator.l2 import RankFlag, own_host
 from argus.aggregator.robust import median
 from argus.schema import RankStep
 
@@ -31,6 +33,12 @@ def first_arrival_ns(rs: RankStep) -> Optional[int]:
     firsts = [c.arrive_ns[0] for c in rs.comms.values() if c.arrive_ns]
     firsts += [c.p2p[0].arrive_ns for c in rs.comms.values() if c.p2p]
     return min(firsts) - rs.start_ns if firsts else None
+
+
+def late(f: RankFlag) -> float:
+    """How late its host reached the step's collectives: its median lateness, or its largest where
+    collectives block (the ranks line up again at each one, so a stall shows before one only)."""
+    return max(f.late_ns, f.late_peak_ns)
 
 
 def detect(
@@ -46,13 +54,13 @@ def detect(
     stalled = [
         r
         for r, f in flags.items()
-        if f.late_ns >= need and f.host_excess_ns >= th.stall_host_share * f.late_ns and r in ranks
+        if late(f) >= need and f.host_excess_ns >= th.stall_host_share * late(f) and r in ranks
     ]
     if not stalled:
         return out
     peers = [rs for r, rs in ranks.items() if r not in stalled]
     first = [x for x in (first_arrival_ns(rs) for rs in peers) if x is not None]
-    ho = [rs.phases.get("host_other", 0) for rs in peers]
+    ho = [own_host(rs) for rs in peers]
     for r in stalled:
         rs, f = ranks[r], flags[r]
         f.stall = True
@@ -60,10 +68,10 @@ def detect(
         gap_first = fa - median(first) if fa is not None and first else None
         where = "unknown"
         if gap_first is not None:
-            where = "before the first collective" if gap_first >= 0.5 * f.late_ns else "between collectives"
+            where = "before the first collective" if gap_first >= 0.5 * late(f) else "between collectives"
         ev: Dict[str, Any] = {
-            "late_ms": round(f.late_ns / 1e6, 1),
-            "host_other_ms": round(rs.phases.get("host_other", 0) / 1e6, 1),
+            "late_ms": round(late(f) / 1e6, 1),
+            "host_other_ms": round(own_host(rs) / 1e6, 1),
             "peers_host_other_ms": round(median(ho) / 1e6, 1) if ho else None,
             "step_ms": round(step_ns / 1e6, 1),
             "baseline_step_ms": round(base_step_ns / 1e6, 1),

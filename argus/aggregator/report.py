@@ -51,6 +51,32 @@ def _l1_windows(d: JobDiag, rng: Optional[Tuple[int, int]]) -> List[L1Finding]:
     return sorted(out, key=lambda f: f.first)
 
 
+def _comm_identity(d: JobDiag, comm: str) -> str:
+    jc = d.align.comms.comms.get(comm)
+    return f"{jc.source}, {jc.confidence}" if jc is not None else "-"
+
+
+def _identity_text(ev: Dict[str, Any]) -> str:
+    """The alert's identity evidence as one line: where its communicator and steps came from."""
+    ident = ev.get("identity") or {}
+    parts = []
+    c = ident.get("comm")
+    if c:
+        note = f"; {c['note']}" if c.get("note") else ""
+        parts.append(f"communicator from {c['identity']} (confidence {c['confidence']}{note})")
+    st = ident.get("steps")
+    if st:
+        res = (
+            f", step ends within {st['residual_ms']} ms of the job's (tolerance {st['tolerance_ms']} ms)"
+            if "residual_ms" in st
+            else ""
+        )
+        parts.append(f"steps aligned by {st['aligned_by']}{res} (confidence {st['confidence']})")
+    if ev.get("comm_mode"):
+        parts.append(f"collectives {ev['comm_mode']}")
+    return "; ".join(parts)
+
+
 def report_data(
     engine: Engine, job: Optional[str] = None, steps: Optional[Tuple[int, int]] = None
 ) -> Dict[str, Any]:
@@ -69,7 +95,8 @@ def report_data(
                 "hosts": sorted(set(d.hosts.values())),
                 "steps": [d.first_step, d.last_step],
                 "judged": d.judged,
-                "warmup": engine.th.warmup_steps,
+                "warmup": engine.th.warmup_steps if d.align.absolute else engine.th.attach_warmup_steps,
+                "alignment": d.align.summary(),
                 "median_step_ms": round(d.l1.median_step() / 1e6, 2),
                 "alerts": [a.to_json() for a in alerts],
                 "l1": [
@@ -83,7 +110,14 @@ def report_data(
                     for f in _l1_windows(d, steps)
                 ],
                 "groups": [
-                    {"comm": g.comm, "ranks": sorted(g.members), "ops": dict(g.ops), "p2p": g.p2p_ops}
+                    {
+                        "comm": g.comm,
+                        "ranks": sorted(g.members),
+                        "ops": dict(g.ops),
+                        "p2p": g.p2p_ops,
+                        "identity": _comm_identity(d, g.comm),
+                        "mode": d.modes.modes().get(g.comm),
+                    }
                     for g in d.groups.by_comm.values()
                 ],
             }
@@ -104,10 +138,19 @@ def report_text(data: Dict[str, Any], steps: Optional[Tuple[int, int]] = None) -
             "only teach the baselines)"
         )
         groups = ", ".join(
-            f"{g['comm'][:8]} ({'/'.join(g['ops']) or 'Send/Recv'}: ranks {ranks_text(g['ranks'])})"
+            f"{g['comm'][:8]} ({'/'.join(g['ops']) or 'Send/Recv'}: ranks {ranks_text(g['ranks'])}; "
+            f"identity {g['identity']}{'; ' + g['mode'] if g.get('mode') else ''})"
             for g in j["groups"]
         )
         lines.append(f"communicators: {groups or 'none seen'}")
+        al = j.get("alignment") or {}
+        if al:
+            by = ", ".join(f"{n} by {m}" for m, n in sorted(al["steps"].items())) or "none"
+            lines.append(f"steps: numbered {al['numbering']}; ranks aligned: {by}")
+            for r, why in sorted(al["unaligned"].items()):
+                lines.append(f"  rank {r} not aligned: {why}")
+            for note in al["notes"]:
+                lines.append(f"  note: {note}")
         lines.append("")
         alerts = j["alerts"]
         if not alerts:
@@ -122,6 +165,9 @@ def report_text(data: Dict[str, Any], steps: Optional[Tuple[int, int]] = None) -
                 f"steps {a['steps'][0]}–{a['steps'][1]}, {a['state']}"
             )
             lines.append(f"   {a['summary']}.")
+            ident = _identity_text(a.get("evidence") or {})
+            if ident:
+                lines.append(f"   identity: {ident}.")
             nxt = NEXT_STEP.get(a["kind"])
             if nxt:
                 lines.append(f"   next: {nxt}.")

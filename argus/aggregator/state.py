@@ -1,8 +1,11 @@
 """Bounded rolling state of one job: step alignment across ranks and the groups its communicators form.
 
-Alignment: summaries arrive per rank, in any order across ranks. Step `s` is judged once every
-expected rank reported it, or once some rank reported step `s + lag_steps` (a rank that is late or
-gone must not stall diagnosis); a summary for a step already judged is counted and dropped.
+Alignment: summaries arrive per rank, in any order across ranks (an agent publishes a rank's few
+steps of one interval together, then the next rank's). Step `s` is judged once every expected rank
+reported it, or once each rank missing from it has either moved past it (it reported a later
+step: that one was lost) or fallen silent — reported nothing for `lag_s` of job time (the
+newest step end seen), and at least `lag_steps` steps: a rank that is late or gone must not stall
+diagnosis. A summary for a step already judged is counted and dropped.
 
 Groups: every communicator a rank reports (`CommStep.comm`, with `nranks`) is a group; its members
 are the ranks that report it. Nothing is assumed about DP/TP/PP: a rank's *symmetric group* (the
@@ -165,8 +168,9 @@ class Frame:
 class Aligner:
     """Collects summaries per step and hands out steps ready to judge, in order."""
 
-    def __init__(self, lag_steps: int = 2, max_pending: int = 64) -> None:
+    def __init__(self, lag_steps: int = 2, max_pending: int = 64, lag_s: float = 3.0) -> None:
         self.lag = lag_steps
+        self.lag_ns = int(lag_s * 1e9)
         self.max_pending = max_pending
         self.frames: Dict[int, Frame] = {}
         self.expected: Set[int] = set()
@@ -175,6 +179,10 @@ class Aligner:
         self.judged = -1  # highest step handed out
         self.late = 0  # summaries for steps already judged (dropped)
         self.dupes = 0
+        self.last_step: Dict[int, int] = {}  # rank -> highest step it reported
+        self.last_end: Dict[int, int] = {}  # rank -> end of its newest summary (realtime ns)
+        self.newest_end = 0
+        self.step_ns = 0
 
     def add(self, rs: RankStep) -> None:
         s = rs.step
@@ -194,17 +202,34 @@ class Aligner:
         f.ranks[rs.rank] = rs
         if s > self.max_step:
             self.max_step = s
+        self.last_step[rs.rank] = max(self.last_step.get(rs.rank, s), s)
+        self.last_end[rs.rank] = max(self.last_end.get(rs.rank, 0), rs.end_ns)
+        self.newest_end = max(self.newest_end, rs.end_ns)
+        self.step_ns = rs.duration_ns if not self.step_ns else (7 * self.step_ns + rs.duration_ns) // 8
 
     def _complete(self, f: Frame) -> bool:
         n = self.world if self.world > 0 else len(self.expected)
         return len(f.ranks) >= max(n, len(self.expected))
 
+    def _given_up(self, f: Frame) -> bool:
+        """Every expected rank missing from the frame moved past it, or has been silent too long."""
+        if self.max_step - f.step < self.lag:
+            return False
+        lag = max(self.lag_ns, self.lag * self.step_ns)
+        if len(self.expected) < self.world:  # ranks never heard from: wait for them a while
+            end = max(rs.end_ns for rs in f.ranks.values())
+            if self.newest_end - end < lag:
+                return False
+        for r in self.expected - set(f.ranks):
+            if self.last_step.get(r, -1) <= f.step and self.newest_end - self.last_end.get(r, 0) < lag:
+                return False
+        return True
+
     def ready(self, flush: bool = False) -> List[Frame]:
         out: List[Frame] = []
         for s in sorted(self.frames):
             f = self.frames[s]
-            old = self.max_step - s >= self.lag or len(self.frames) > self.max_pending
-            if not (flush or old or self._complete(f)):
+            if not (flush or self._complete(f) or len(self.frames) > self.max_pending or self._given_up(f)):
                 break  # judge in order: a later step never overtakes an incomplete earlier one
             del self.frames[s]
             self.judged = s

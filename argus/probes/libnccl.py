@@ -69,20 +69,29 @@ OFF_UNKNOWN = 0xFFFFFFFF
 
 @dataclass(frozen=True)
 class CommLayout:
-    """Offsets of fields in struct ncclComm that an observer needs, for one NCCL build."""
+    """Where this build's struct ncclComm keeps what an observer needs (argus/probes/nccl_layout.py).
 
-    name: str
+    `source`: "table" (a versioned table row validated against the accessors: commHash, rank and
+    nRanks), "accessors" (rank and nRanks decoded from ncclCommUserRank/ncclCommCount; no commHash)
+    or "none". Never a sequence counter: no NCCL field counts collectives one by one.
+    """
+
+    source: str
     comm_hash: int = OFF_UNKNOWN
     rank: int = OFF_UNKNOWN
     nranks: int = OFF_UNKNOWN
-    coll_opcount: int = OFF_UNKNOWN
+    note: str = ""
 
     @property
-    def known(self) -> bool:
-        return self.coll_opcount != OFF_UNKNOWN
+    def has_hash(self) -> bool:
+        return self.comm_hash != OFF_UNKNOWN
+
+    @property
+    def has_ranks(self) -> bool:
+        return self.rank != OFF_UNKNOWN and self.nranks != OFF_UNKNOWN
 
 
-UNKNOWN_LAYOUT = CommLayout("unknown")
+UNKNOWN_LAYOUT = CommLayout("none", note="no layout: communicators are identified by the aggregator")
 
 
 def version_of(elf: Elf) -> Optional[int]:
@@ -98,18 +107,19 @@ def version_of(elf: Elf) -> Optional[int]:
 
 
 def layout_of(elf: Elf) -> CommLayout:
-    """The communicator layout of this library. Known: the Argus simulator (marker symbol).
+    """This build's communicator layout: a validated table row, else the decoded accessors, else none."""
+    from argus.probes.nccl_layout import resolve_layout
 
-    NVIDIA builds are not in the table yet (their ncclComm offsets must be taken from each
-    version's debug info on a GPU host); without it, sequence numbers are counted per process and
-    communicators created before attach are identified by the aggregator from call signatures.
-    """
-    marker = elf.data_symbols.get("argusSimNcclMarker")
-    if marker is not None and marker.size >= 20:
-        version, h, rank, nranks, opcount = struct.unpack("<5I", elf.read(marker.offset, 20))
-        if version == 1:
-            return CommLayout("argus-sim v1", comm_hash=h, rank=rank, nranks=nranks, coll_opcount=opcount)
-    return UNKNOWN_LAYOUT
+    r = resolve_layout(elf, version_of(elf))
+
+    def off(v: Optional[int]) -> int:
+        return OFF_UNKNOWN if v is None else v
+
+    if r.source == "table":
+        return CommLayout("table", off(r.comm_hash), off(r.rank), off(r.nranks), r.note)
+    if r.source == "accessors" and r.rank is not None and r.nranks is not None:
+        return CommLayout("accessors", OFF_UNKNOWN, r.rank, r.nranks, r.note)
+    return CommLayout("none", note=r.note or UNKNOWN_LAYOUT.note)
 
 
 def detect(pid: int) -> Optional[MappedLibrary]:
@@ -117,9 +127,17 @@ def detect(pid: int) -> Optional[MappedLibrary]:
     return find_library(pid, CHANNEL.library_re)
 
 
+def version_text(v: Optional[int]) -> str:
+    """22105 -> "2.21.5" (NCCL >= 2.9 codes); older codes (e.g. 2804) as 2.8.4."""
+    if not v:
+        return "unknown version"
+    if v >= 10000:
+        return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+    return f"{v // 1000}.{v // 100 % 10}.{v % 100}"
+
+
 def describe(lp: LibraryProbes) -> str:
     if lp.elf is None:
         return "unreadable"
-    v = version_of(lp.elf)
-    vs = f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v else "unknown version"
-    return f"NCCL {vs}, layout {layout_of(lp.elf).name}"
+    lay = layout_of(lp.elf)
+    return f"NCCL {version_text(version_of(lp.elf))}, communicator layout from {lay.source}: {lay.note}"

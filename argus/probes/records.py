@@ -30,7 +30,6 @@ USDT_ARG_NONE, USDT_ARG_REG, USDT_ARG_MEM, USDT_ARG_CONST = 0, 1, 2, 3
 DROP_RINGBUF, DROP_AGG, DROP_SCRATCH = 0, 1, 2
 DROP_NAMES = {DROP_RINGBUF: "ringbuf", DROP_AGG: "aggregation map full", DROP_SCRATCH: "scratch map full"}
 NCCL_F_IN_GROUP = 1
-NCCL_F_SEQ_FROM_COMM = 2
 
 
 class S(ctypes.Structure):
@@ -46,7 +45,6 @@ class TargetCfg(S):
     _fields_ = [
         ("rank", c_uint32),
         ("flags", c_uint32),
-        ("off_coll_opcount", c_uint32),
         ("off_comm_hash", c_uint32),
         ("off_comm_rank", c_uint32),
         ("off_comm_nranks", c_uint32),

@@ -26,12 +26,21 @@ from argus.sim.gpu import CUDA_ERROR_NOT_READY, Cuda, Nccl
 from argus.sim.store import FileStore
 from argus.sim.workload import Workload, bwd_layer, is_mlp
 
-FNV_OFFSET = 0xCBF29CE484222325
+HASH_SEED = 0x6A09E667F3BCC909
+M64 = 0xFFFFFFFFFFFFFFFF
 
 
-def fnv1a64(data: bytes, h: int = FNV_OFFSET) -> int:
-    for c in data:
-        h = ((h ^ c) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+def _mix64(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def comm_hash(data: bytes) -> int:
+    """The simulated NCCL's commHash of these bytes (csrc/nccl.c hash_words): ground truth only."""
+    h = HASH_SEED
+    for i in range(0, len(data) - 7, 8):
+        h = _mix64(h ^ int.from_bytes(data[i : i + 8], "little"))
     return h
 
 
@@ -217,7 +226,12 @@ class Trainer:
         else:
             uid = self.store.get(name)
         comm = self.nccl.init_rank(nranks, uid, rank, config=config)
-        self.comm_info[name] = {"hash": fnv1a64(uid), "nranks": nranks, "rank": rank, "handle": comm}
+        self.comm_info[name] = {
+            "hash": comm_hash(uid),
+            "nranks": nranks,
+            "rank": rank,
+            "handle": comm,
+        }
         return comm
 
     def split(self, name: str, color: int) -> int:
@@ -225,11 +239,13 @@ class Trainer:
         self.world_splits += 1
         comm = self.nccl.split(self.world_comm, color, self.rank)
         parent = self.comm_info["world"]["hash"]
-        h = fnv1a64(parent.to_bytes(8, "little"))
-        h = fnv1a64(seq.to_bytes(8, "little"), h)
-        h = fnv1a64(color.to_bytes(8, "little", signed=True), h)
+        words = (
+            parent.to_bytes(8, "little")
+            + seq.to_bytes(8, "little")
+            + color.to_bytes(8, "little", signed=True)
+        )
         self.comm_info[name] = {
-            "hash": h,
+            "hash": comm_hash(words),
             "nranks": self.nccl.count(comm),
             "rank": self.nccl.user_rank(comm),
             "handle": comm,

@@ -12,6 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from argus.aggregator.align import JobAlign
 from argus.aggregator.l2 import arrival_lateness
 from argus.aggregator.state import Groups
 from argus.schema import RankStep
@@ -44,8 +45,10 @@ def build(
 ) -> ReportData:
     by_step: Dict[int, Dict[int, RankStep]] = {}
     groups = Groups(min_group=2)
-    for rs in summaries:
-        if rs.job != job or rs.step is None:
+    align = JobAlign()  # ranks attached at other times onto the job's steps (as the aggregator)
+    mine = sorted((rs for rs in summaries if rs.job == job and rs.step is not None), key=lambda rs: rs.end_ns)
+    for rs in [x for m in mine for x in align.add(m)] + align.flush():
+        if rs.step is None:
             continue
         if steps and not steps[0] <= rs.step <= steps[1]:
             continue
@@ -59,7 +62,7 @@ def build(
     )
     sums: Dict[int, Dict[str, List[float]]] = {}
     for step, ranks in by_step.items():
-        for r, (late, _n, _last) in arrival_lateness(ranks, groups).items():
+        for r, (late, _n, _last, _peak) in arrival_lateness(ranks, groups).items():
             d.late_ms[(r, step)] = late / 1e6
         compute = {r: compute_ns(rs) for r, rs in ranks.items()}
         known = sorted(v for v in compute.values() if v > 0)

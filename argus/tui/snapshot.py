@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque, Dict, List, Optional, Tuple
 
+from argus.aggregator.align import JobAlign
 from argus.aggregator.l2 import arrival_lateness
 from argus.aggregator.state import Groups
 from argus.schema import RankStep
@@ -114,10 +115,16 @@ class JobView:
         self.max_step = -1
         self.step_hist = [0] * (len(STEP_BUCKETS) + 1)  # last slot: above the largest bound
         self.step_sum = 0.0
+        self.align = JobAlign()  # ranks attached at other times onto the job's steps (as the aggregator)
 
     def ingest(self, rs: RankStep) -> None:
         if rs.job != self.job or rs.step is None:
             return
+        for x in self.align.add(rs):
+            self._ingest(x)
+
+    def _ingest(self, rs: RankStep) -> None:
+        assert rs.step is not None
         r = self.ranks.setdefault(rs.rank, _Rank())
         if r.last is None or (rs.step >= (r.last.step or 0)):
             r.last = rs
@@ -147,7 +154,7 @@ class JobView:
             self.step_times.append((step, t))
             self.step_hist[next((i for i, b in enumerate(STEP_BUCKETS) if t <= b), len(STEP_BUCKETS))] += 1
             self.step_sum += t
-            for rank, (late, n, last) in arrival_lateness(got, self.groups).items():
+            for rank, (late, n, last, _peak) in arrival_lateness(got, self.groups).items():
                 st = self.ranks.get(rank)
                 if st is not None and n:
                     st.late.append(late)

@@ -9,9 +9,11 @@
  * slowed (argusSimSetLink). So a rank that arrives late makes everyone's stream wait, and a rank
  * that never arrives blocks its peers for real. A dead peer fails the stream instead of hanging.
  *
- * Communicator layout: the fields an out-of-process observer needs (commHash, rank, nRanks,
- * collOpCount) sit at fixed offsets of struct ncclComm, as they do (at version-specific offsets)
- * in NVIDIA's ncclComm; the exported marker argusSimNcclMarker lets the agent pick this layout.
+ * Communicator layout: commHash, rank, nRanks and a collective counter sit in struct ncclComm as
+ * they do (at other, version-specific offsets) in NVIDIA's. Nothing tells the tracer where: it
+ * decodes ncclCommUserRank/ncclCommCount like for any build, and the commHash offset is in its
+ * layout table as a row of this version validated by those accessors (argus/probes/nccl_layout.py).
+ * commHash is this library's own hash of the unique id, unrelated to anything the tracer computes.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -108,7 +110,7 @@ struct shm_hdr {
 
 struct ncclComm {
     uint64_t magic;       /* 0 */
-    uint64_t commHash;    /* 8: fnv1a64 of the unique id (or of parent hash, split seq, color) */
+    uint64_t commHash;    /* 8: mix64 over the unique id (or over parent hash, split seq, color) */
     int rank;             /* 16 */
     int nRanks;           /* 20 */
     int cudaDev;          /* 24 */
@@ -124,7 +126,6 @@ struct ncclComm {
 typedef struct ncclComm *ncclComm_t;
 
 #define COMM_MAGIC 0x4c434e4e53475241ULL /* "ARGSNNCL" */
-API const uint32_t argusSimNcclMarker[5] = {1, 8, 16, 20, 32}; /* layout v1: hash, rank, nRanks, collOpCount */
 
 /* ---- model knobs (per process; every rank is given the same values) ----------------------- */
 
@@ -184,15 +185,23 @@ static double link_bw(int ga, int gb) {
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static uint64_t fnv1a64(const void *p, size_t n, uint64_t h) {
+/* splitmix64's finaliser folded over 8-byte words: the communicator's hash (argus/sim/trainer.py
+ * computes the same for its ground truth) */
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static uint64_t hash_words(const void *p, size_t n, uint64_t h) {
     const unsigned char *c = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= c[i];
-        h *= 0x100000001b3ULL;
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, c + i, 8);
+        h = mix64(h ^ w);
     }
     return h;
 }
-#define FNV_OFFSET 0xcbf29ce484222325ULL
+#define HASH_SEED 0x6a09e667f3bcc909ULL
 
 static size_t dtype_size(ncclDataType_t t) {
     switch (t) {
@@ -361,7 +370,7 @@ API ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId) {
 
 API ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank) {
     if (!comm || nranks < 1 || nranks > MAXR || rank < 0 || rank >= nranks) return ncclInvalidArgument;
-    uint64_t hash = fnv1a64(commId.internal, NCCL_UNIQUE_ID_BYTES, FNV_OFFSET);
+    uint64_t hash = hash_words(commId.internal, NCCL_UNIQUE_ID_BYTES, HASH_SEED);
     return comm_open(hash, nranks, rank, comm);
 }
 
@@ -407,10 +416,9 @@ API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *
         if (s->key < key || (s->key == key && r < comm->rank)) me++;
         n++;
     }
-    uint64_t hh = fnv1a64(&comm->commHash, 8, FNV_OFFSET);
-    hh = fnv1a64(&seq, 8, hh);
     int64_t c64 = color;
-    hh = fnv1a64(&c64, 8, hh);
+    uint64_t words[3] = {comm->commHash, seq, (uint64_t)c64};
+    uint64_t hh = hash_words(words, sizeof(words), HASH_SEED);
     return comm_open(hh, n, me, newcomm);
 }
 
