@@ -61,7 +61,10 @@ MAX_CLUSTERS = 64
 HOST_SCALE = 16  # per-instance host time: round(16·log2 ns)
 HOST_REL_ERROR = 2.0 ** (1.0 / (2 * HOST_SCALE)) - 1.0
 ARRIVAL_ABS_ERROR_NS = 500
-IDENTITIES = ("init", "attach", "split", "handle")
+IDENTITIES = ("table", "init", "split", "accessors", "inferred", "attach", "handle")
+# `i` carries what a reader of before the late-attach alignment knows (it rejects other values);
+# the identity itself then goes in `ix`, which such a reader skips (and says so)
+LEGACY_IDENTITY = {"table": "attach", "accessors": "handle", "inferred": "handle"}
 # sane ranges
 
 # RankStep / CommStep / Heartbeat field -> wire key (tests/test_wire.py fails when a field is missing)
@@ -156,7 +159,10 @@ def _enc_comm(c: CommStep, t0: int) -> Dict[str, Any]:
     n = len(c.seqs)
     if not (len(c.ops) == len(c.nbytes) == len(c.arrive_ns) == len(c.host_ns) == n):
         raise ValueError(f"communicator {c.comm}: per-instance lists differ in length")
-    d: Dict[str, Any] = {"id": int(c.comm, 16), "n": c.nranks, "r": c.rank, "i": c.identity}
+    d: Dict[str, Any] = {"id": int(c.comm, 16), "n": c.nranks, "r": c.rank}
+    d["i"] = LEGACY_IDENTITY.get(c.identity, c.identity)
+    if c.identity in LEGACY_IDENTITY:
+        d["ix"] = c.identity
     if n:
         d["s0"] = c.seqs[0]
         gaps = [b - a for a, b in zip(c.seqs, c.seqs[1:])]
@@ -318,14 +324,14 @@ def _unrle(v: Any, what: str, n: int, conv: Any) -> List[Any]:
     return out
 
 
-_COMM_KEYS = {"id", "n", "r", "i", "s0", "sd", "op", "b", "a", "hb", "hq", "p", "hc"}
+_COMM_KEYS = {"id", "n", "r", "i", "ix", "s0", "sd", "op", "b", "a", "hb", "hq", "p", "hc"}
 
 
 def _dec_comm(d: Any, t0: int, ignored: Optional[Set[str]]) -> CommStep:
     d = as_map(d, "comm", 32)
     known_keys(d, _COMM_KEYS, "comm", ignored)
     cid = f"{as_int(d.get('id'), 'comm id', U64):016x}"
-    ident = as_str(d.get("i"), "comm identity")
+    ident = as_str(d.get("ix", d.get("i")), "comm identity")
     if ident not in IDENTITIES:
         raise WireError("range", f"comm identity {ident!r}")
     c = CommStep(cid, as_int(d.get("n"), "nranks", RANK), as_int(d.get("r"), "comm rank", RANK), ident)

@@ -354,3 +354,16 @@ def test_from_probe_of_recorded_lines_keeps_the_clock_uncertainty() -> None:
     d = json.loads((DATA / "probe-default-dp4.jsonl").read_text().splitlines()[0])
     d["wall_offset_err_ns"] = 1234
     assert from_probe(d).clock_uncertainty_ns == 1234
+
+
+def test_new_identities_keep_older_readers_working() -> None:
+    """`table`/`accessors`/`inferred` are new: `i` carries the value a reader from before them
+    accepts (`attach`/`handle`), `ix` the identity itself (such a reader skips that key)."""
+    rs = wire.decode_step(valid_entry(), {})
+    cid = next(iter(rs.comms))
+    rs.comms[cid].identity = "accessors"
+    raw = msgpack.unpackb(wire.encode_step(rs), strict_map_key=False)
+    assert (raw["c"][0]["i"], raw["c"][0]["ix"]) == ("handle", "accessors")
+    assert wire.decode_step(wire.encode_step(rs), {}).comms[cid].identity == "accessors"
+    rs.comms[cid].identity = "init"
+    assert "ix" not in msgpack.unpackb(wire.encode_step(rs), strict_map_key=False)["c"][0]
