@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import pwd
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Union
+from typing import Collection, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOBODY = "nobody"
@@ -73,3 +74,25 @@ def run_argus(
         env=argus_env(env),
         cwd=str(cwd) if cwd is not None else "/",
     )
+
+
+def cpython_header_sets(
+    versions: Collection[Tuple[int, int]],
+) -> List[Tuple[str, Tuple[int, int], Tuple[str, ...]]]:
+    """(label, version, include dirs) of every CPython on this machine with internal headers (pyenv
+    builds, Debian's 3.11), among `versions`: what offset and layout tests compile against."""
+    out: List[Tuple[str, Tuple[int, int], Tuple[str, ...]]] = []
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    for prefix in sorted(glob.glob(f"{root}/versions/3.*")):
+        ver = os.path.basename(prefix)
+        parts = ver.split(".")
+        if len(parts) < 2 or not parts[1].isdigit():
+            continue
+        mm = (3, int(parts[1]))
+        inc = f"{prefix}/include/python3.{mm[1]}"
+        if mm in versions and os.path.isdir(f"{inc}/internal"):
+            out.append((f"pyenv {ver}", mm, (inc,)))
+    deb = "/usr/include/python3.11"
+    if (3, 11) in versions and os.path.isdir(f"{deb}/internal"):
+        out.append(("debian 3.11", (3, 11), (deb, "/usr/include/x86_64-linux-gnu/python3.11")))
+    return out

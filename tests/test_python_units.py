@@ -5,9 +5,7 @@ the trace builder and its schema check. No root needed."""
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -40,6 +38,7 @@ from argus.probes.records import (
     RecPyMark,
     RecPySample,
 )
+from tests.helpers import cpython_header_sets
 
 register_calls(["cuLaunchKernel", "cuEventRecord", "cuStreamSynchronize", "ncclAllReduce"])
 
@@ -329,21 +328,7 @@ def test_usdt_notes_of_debian_python() -> None:
 
 
 def _header_sets() -> List[Tuple[str, Tuple[int, int], Tuple[str, ...]]]:
-    out = []
-    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
-    for prefix in sorted(glob.glob(f"{root}/versions/3.*")):
-        ver = os.path.basename(prefix)
-        parts = ver.split(".")
-        if len(parts) < 2 or not parts[1].isdigit():
-            continue
-        mm = (3, int(parts[1]))
-        inc = f"{prefix}/include/python3.{mm[1]}"
-        if mm in cpython_offsets.TABLE and os.path.isdir(f"{inc}/internal"):
-            out.append((f"pyenv {ver}", mm, (inc,)))
-    deb = "/usr/include/python3.11"
-    if os.path.isdir(f"{deb}/internal"):
-        out.append(("debian 3.11", (3, 11), (deb, "/usr/include/x86_64-linux-gnu/python3.11")))
-    return out
+    return cpython_header_sets(cpython_offsets.TABLE)
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")

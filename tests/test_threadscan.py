@@ -5,7 +5,6 @@ and the pieces (call decoding, symbolising, line tables, offsets against the hea
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import platform
@@ -34,7 +33,7 @@ from argus.agent.threadscan import (
 from argus.probes import cpython
 from argus.probes.base import find_library
 from argus.probes.elf import Elf
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, cpython_header_sets
 from tests.nvidia_wheels import Wheel, fetch
 
 TARGETS = REPO_ROOT / "tests" / "targets"
@@ -417,18 +416,7 @@ int main(void) {
 
 
 def _header_sets() -> List[Tuple[str, Tuple[int, int], Tuple[str, ...]]]:
-    out: List[Tuple[str, Tuple[int, int], Tuple[str, ...]]] = []
-    for prefix in sorted(glob.glob(f"{PYENV}/3.*")):
-        parts = os.path.basename(prefix).split(".")
-        if len(parts) >= 2 and parts[1].isdigit() and (3, int(parts[1])) in LINE_OFFSETS:
-            inc = f"{prefix}/include/python3.{parts[1]}"
-            if os.path.isdir(f"{inc}/internal"):
-                out.append((f"pyenv {os.path.basename(prefix)}", (3, int(parts[1])), (inc,)))
-    if os.path.isdir("/usr/include/python3.11/internal"):
-        out.append(
-            ("debian 3.11", (3, 11), ("/usr/include/python3.11", "/usr/include/x86_64-linux-gnu/python3.11"))
-        )
-    return out
+    return cpython_header_sets(LINE_OFFSETS)
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
