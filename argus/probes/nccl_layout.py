@@ -3,12 +3,10 @@
 Two sources, and the rule that combines them:
 
 * the **accessors**: NCCL exports `ncclCommUserRank`, `ncclCommCount` and `ncclCommCuDevice`
-  (in .dynsym even when stripped; decoded by argus/probes/nccl_accessors.py); each ends in
-  `*out = comm->field`, a 32-bit load `mov D(%reg),%eXX` whose register is stored through the
-  output pointer. `decode_accessors` follows the comm and output pointers through the
-  function's machine code (register copies, stack spills, calls, branches) and returns each D, or None when the pattern is absent or
-  ambiguous. It reads only the bytes of the three functions and of the leaf functions they call
-  (objdump's binary mode decodes them): ~70 ms on NVIDIA's 344 MB 2.32.3 library.
+  (in .dynsym even when stripped); each ends in `*out = comm->field`. `decode_accessors`
+  (argus/probes/nccl_accessors.py) follows the comm and output pointers through their machine
+  code and returns each field's offset, or None when the pattern is absent or ambiguous:
+  ~70 ms on NVIDIA's 344 MB 2.32.3 library.
 * the **table** (`TABLE`): rows derived from each NVIDIA wheel's own DWARF (`derive`; each row
   also agrees with the wheel's accessors and with /work/shared/reference/nvidia-libraries.md), keyed
   by the library's GNU build id, and rows keyed by *accessor fingerprint* (`build_id=None`: any build
