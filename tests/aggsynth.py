@@ -26,12 +26,16 @@ COMM_STREAM = "0x7f0000002000"
 @dataclass
 class Faults:
     straggler: Optional[Tuple[int, float, int]] = None  # rank, factor on forward+backward, from step
+    straggler_off: Tuple[int, ...] = ()  # steps in which the straggler runs at normal speed
     host_stall: Optional[Tuple[int, int, float, int]] = None  # rank, step, ms, steps
     slow_comm: Optional[Tuple[float, int]] = None  # factor on the collective itself, from step
     bubble: Optional[Tuple[int, float, int]] = None  # stage-1 rank, backward factor, from step (pp-dp)
     link: Optional[Tuple[int, int, float, int]] = None  # pp-dp peers a, b, extra ms per phase, from step
     drift: Optional[Tuple[int, float, int]] = None  # rank, small backward factor, from step
     spike: Optional[Tuple[int, float]] = None  # step, ms added to every rank's step (job-wide pause)
+    # rank, from step, steps, ms: its host was descheduled while launching forward (CPU contention):
+    # the GPU idled waiting for the launches, and the host's own time grew by as much
+    contention: Optional[Tuple[int, int, int, float]] = None
     stream_info: bool = True
 
 
@@ -75,18 +79,23 @@ def generate(j: Job) -> List[dict]:
         fwd: Dict[int, float] = {}
         bwd: Dict[int, float] = {}
         host_extra: Dict[int, float] = {}
+        host_busy_extra: Dict[int, float] = {}
         for r in range(j.ranks):
             k = 1.0
-            if f.straggler and r == f.straggler[0] and s >= f.straggler[2]:
+            if f.straggler and r == f.straggler[0] and s >= f.straggler[2] and s not in f.straggler_off:
                 k = f.straggler[1]
             gap = rng.choice([0.0] * 12 + [rng.uniform(0.5, 4.0)])  # occasional host launch gaps
             fwd[r] = j.fwd_ms * k + gap
+            cn = f.contention
+            busy = cn[3] if cn and r == cn[0] and cn[1] <= s < cn[1] + cn[2] else 0.0
+            fwd[r] += busy
             b = j.bwd_ms * k
             if f.drift and r == f.drift[0] and s >= f.drift[2]:
                 b *= f.drift[1]
             bwd[r] = b + rng.uniform(0.0, 0.2)
             hs = f.host_stall
             host_extra[r] = hs[2] if hs and r == hs[0] and hs[1] <= s < hs[1] + hs[3] else 0.0
+            host_busy_extra[r] = busy
         if j.layout == "pp-dp":
             for a in range(0, j.ranks, 2):
                 b1 = a + 1
@@ -139,7 +148,7 @@ def generate(j: Job) -> List[dict]:
                 {"ms": j.opt_ms, "stream": COMPUTE},
                 {"ms": comm_timer, "stream": COMM_STREAM if f.stream_info else COMPUTE},
             ]
-            host_busy = (j.data_ms + host_extra[r] + 3.0) * MS
+            host_busy = (j.data_ms + host_extra[r] + host_busy_extra[r] + 3.0) * MS
             wait = max(0, dur - int(host_busy))
             out.append(
                 {

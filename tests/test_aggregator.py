@@ -115,6 +115,29 @@ def test_compute_straggler_named_not_its_victims() -> None:
     assert a.evidence["waited_for"]["timer3"]["ratio"] < 0.9
 
 
+def test_cpu_contention_burst_is_not_a_straggler_but_lasting_contention_is() -> None:
+    """A rank whose host was descheduled while launching its forward (its GPU idled; its host's own
+    time grew by as much): a burst of 8 steps is CPU contention and names nobody; lasting for 30
+    steps, the rank is named, later than a GPU-side straggler (12 of its last 16 steps)."""
+    eng = run(Job(steps=80, faults=Faults(contention=(2, 20, 8, 12.0))))
+    assert fired(eng) == []
+    eng = run(Job(steps=80, faults=Faults(contention=(2, 20, 30, 12.0))))
+    got = fired(eng)
+    assert got[:1] == [("straggler", [2], 31)], got
+    assert eng.alerts()[0].evidence["phases"]["timer0"]["ratio"] > 1.4
+
+
+def test_a_straggler_dipping_under_the_thresholds_stays_one_alert() -> None:
+    """A mild straggler on a noisy host is not flagged in every step: while it still stands out now
+    and then its alert holds, instead of resolving and firing again."""
+    dips = tuple(s for s in range(24, 70) if s % 4 != 0)  # from step 24 slow 1 step in 4
+    eng = run(Job(steps=70, faults=Faults(straggler=(3, 1.5, 10), straggler_off=dips)))
+    assert [(a.kind, a.ranks, a.state) for a in eng.transitions] == [("straggler", [3], "firing")]
+    # once it is gone the alert resolves
+    eng = run(Job(steps=70, faults=Faults(straggler=(3, 1.5, 10), straggler_off=tuple(range(30, 70)))))
+    assert [(a.kind, a.state) for a in eng.transitions] == [("straggler", "firing"), ("straggler", "resolved")]
+
+
 def test_host_late_straggler_named_by_arrival() -> None:
     """A rank whose host is persistently late (blocking communication, or a slow input pipeline):
     named from the arrival lateness at the collectives."""

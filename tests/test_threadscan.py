@@ -223,8 +223,14 @@ def test_blocked_threads_keeps_only_the_steadily_blocked(
     a1 = first.thread(alternator)
     assert a1 is not None and a1.native[0].symbol == "napper" and a1.syscall == "clock_nanosleep"
     assert a1.python[0] == f"alternate ({TARGET}:{marker_line(TARGET, '@napper')})"
-    control.touch()  # now it spins in Python
-    time.sleep(0.3)
+    control.touch()  # now it spins in Python (on a loaded host it may take a while to notice)
+
+    def spinning(s: ProcessScan) -> bool:
+        a = s.thread(alternator)
+        return a is not None and not a.in_library
+
+    settled(c.pid, [lt], spinning, py)
+    time.sleep(0.3)  # CPU time to show
     second = scan(c.pid, [lt], py)
     a2 = second.thread(alternator)
     assert a2 is not None and not a2.in_library

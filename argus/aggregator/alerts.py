@@ -109,8 +109,11 @@ class AlertBook:
         hosts: Dict[int, str],
         evaluated: Set[str],
         resolve_after: Optional[int] = None,
+        held: Optional[Set[str]] = None,
     ) -> List[Alert]:
-        """Apply one evaluation of the kinds in `evaluated`; return the transitions (copies)."""
+        """Apply one evaluation of the kinds in `evaluated`; return the transitions (copies). Alerts in
+        `held` were not found again but their condition is not over: they do not count towards
+        resolving."""
         out: List[Alert] = []
         seen: Set[str] = set()
         for f in findings:
@@ -148,6 +151,9 @@ class AlertBook:
         limit = self.resolve_after if resolve_after is None else resolve_after
         for aid, a in self.alerts.items():
             if a.job != job or a.state != "firing" or aid in seen or a.kind not in evaluated:
+                continue
+            if held and aid in held:
+                self.unseen[aid] = 0
                 continue
             self.unseen[aid] = self.unseen.get(aid, 0) + 1
             if self.unseen[aid] >= limit:

@@ -63,7 +63,7 @@ class CommModes:
     def blocking(self, comm: str) -> Optional[bool]:
         """True / False once the communicator showed which; None before."""
         q = self.votes.get(comm)
-        if not q or len(q) < 2:
+        if not q:  # one step's median over its instances already tells: exits line up or they do not
             return None
         return median(list(q)) < self.ratio
 

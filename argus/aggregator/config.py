@@ -66,6 +66,16 @@ class Thresholds:
     #: a rank is a straggler when flagged in `persist_k` of its last `persist_n` judged steps
     persist_k: int = 3
     persist_n: int = 4
+    #: a phase outlier whose extra time is at least this share the rank's own host time (outside GPU
+    #: waits) is host-bound: its host launched the work late (CPU contention, a noisy neighbour, GC),
+    #: which comes in bursts; a GPU-side slowdown leaves the host's own time as it was. Measured on
+    #: the simulator under bursty CPU load: host-bound outliers 0.5-1.0, injected GPU faults -0.2-0.2
+    host_bound_share: float = 0.4
+    #: ... and a host-bound outlier names a straggler only when it held in `host_persist_k` of the
+    #: rank's last `host_persist_n` steps (CPU-contention bursts made clean ranks stand out for 5-8
+    #: steps in CI; at 1 s steps this names a CPU-starved rank in ~12 s)
+    host_persist_k: int = 12
+    host_persist_n: int = 16
     #: smallest symmetric group in which a majority can name an outlier
     min_group: int = 3
     #: two p2p peers with the same extra time (within this fraction) in every phase they both grew in

@@ -45,6 +45,8 @@ STEP_KINDS = {
     "hang",
 }
 SPECIFIC = STEP_KINDS - {"step_spike", "step_regression"}
+#: alerts naming ranks from L2's flags: held while their ranks are still flagged now and then
+L2_KINDS = {"straggler", "pipeline_bubble", "slow_link"}
 PY_WINDOW = 8  # steps of Python phases kept per rank for explanations
 
 
@@ -327,13 +329,16 @@ class Engine:
             findings.append(ex.stall(r, s["evidence"], since[0], frame.step))
         cands = d.l2.persistent(young) if judge else set()
         named: Set[int] = set()
-        flagged_now = {r for r, f in flags.items() if f.flagged} if judge else set()
-        for c in name_culprits(cands, flagged_now, d.l2, d.groups, th):
+        # a candidate's link peers flagged in its last steps are judged with it: a slow link shows on
+        # both ends, but on a noisy host one end may dip under the thresholds in the step judged
+        flagged = d.l2.recently_flagged() if judge else set()
+        for c in name_culprits(cands, flagged, d.l2, d.groups, th):
             findings.append(ex.culprit(c, d.l2, flags, frame.step, th.window))
             named |= set(c.ranks) | set(c.victims)
 
         # L3: group vs own past every step, rank vs group every `l3_every` steps
-        named_or_flagged = named | {r for r, f in flags.items() if f.flagged or f.stall} | cands
+        # a rank L2 flagged within L3's window is L2's to judge: a burst is not a drift
+        named_or_flagged = named | d.l2.flagged_within(th.l3_window) | cands
         for key, members in d.l2.members.items():
             if len(members) < th.min_group:
                 continue
@@ -361,7 +366,8 @@ class Engine:
                 d.l1_log.append(f)
         findings += self._release_l1(d, findings, ex)
         self._attach_gpu(d, findings)
-        return self._publish(d, t_ns, findings, STEP_KINDS)
+        held = {a.id for a in self.book.firing(d.job) if a.kind in L2_KINDS and d.l2.still_flagged(a.ranks)}
+        return self._publish(d, t_ns, findings, STEP_KINDS, held=held)
 
     def _release_l1(self, d: JobDiag, findings: List[Finding], ex: Explainer) -> List[Finding]:
         explained = any(f.kind in SPECIFIC for f in findings) or any(
@@ -394,8 +400,9 @@ class Engine:
         findings: List[Finding],
         evaluated: Set[str],
         resolve_after: Optional[int] = None,
+        held: Optional[Set[str]] = None,
     ) -> List[Alert]:
-        out = self.book.update(d.job, t_ns, findings, d.hosts, evaluated, resolve_after)
+        out = self.book.update(d.job, t_ns, findings, d.hosts, evaluated, resolve_after, held)
         self.transitions += out
         return out
 
