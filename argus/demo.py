@@ -111,9 +111,8 @@ def start_redis(ps: Processes, workdir: Path) -> str:
     "-o",
     "--report",
     "report_path",
-    default="argus-demo-report.png",
-    show_default=True,
-    help="Where the report picture goes.",
+    default=None,
+    help="Where the report picture goes (default: report.png in the demo's run directory).",
 )
 def demo_cmd(
     redis_url: Optional[str],
@@ -122,7 +121,7 @@ def demo_cmd(
     straggler: int,
     factor: float,
     no_tui: bool,
-    report_path: str,
+    report_path: Optional[str],
 ) -> int:
     """Run all of Argus on a simulated 8-rank job with a straggler appearing mid-run.
 
@@ -141,6 +140,8 @@ def demo_cmd(
     steps = max(30, int(seconds / step_s))
     onset = max(10, steps // 3)
     workdir = Path(tempfile.mkdtemp(prefix="argus-demo-"))
+    # absolute: the commands below run from the repository
+    report_path = str(Path(report_path).resolve()) if report_path else str(workdir / "report.png")
     ps = Processes()
     job: Optional[SimJob] = None
     try:
@@ -194,7 +195,7 @@ def demo_cmd(
             text=True,
         )
         click.echo(res.stdout.strip() or res.stderr.strip())
-        click.echo(f"report: {Path(report_path).resolve()}   (ground truth: {job.run_dir}/truth.json)")
+        click.echo(f"report: {report_path}   (ground truth: {job.run_dir}/truth.json)")
         job.write_outputs(None, None)
         return 0
     except KeyboardInterrupt:

@@ -52,6 +52,25 @@ install_packages() {
     fi
 }
 
+# Chromium renders `argus report`'s page in a test (headless); without its recommends (~110 MB
+# instead of ~300)
+install_browser() {
+    if pkg_installed chromium; then
+        echo "ok: chromium present"
+        return
+    fi
+    local log
+    log=$(mktemp /tmp/argus-setup-apt.XXXXXX.log)
+    export DEBIAN_FRONTEND=noninteractive
+    if ! { apt-get update && apt-get install -y --no-install-recommends chromium; } >"$log" 2>&1; then
+        tail -n 5 "$log" >&2
+        echo "warning: could not install chromium (the report page test will skip; full log: $log)" >&2
+        return
+    fi
+    rm -f "$log"
+    echo "installed: chromium (headless, for the report page test)"
+}
+
 # apt may start Debian's redis-server service on port 6379; the tests start their own private
 # servers and `argus demo` starts one when needed, so don't leave the system one running.
 stop_system_redis() {
@@ -178,6 +197,7 @@ setup_torch() {
 
 main() {
     install_packages
+    install_browser
     link_headers
     ensure_mount tracefs /sys/kernel/tracing
     ensure_mount debugfs /sys/kernel/debug

@@ -142,3 +142,16 @@ def test_aggregate_command(redis_client: Any, redis_url: str) -> None:
     assert "Hit Ctrl-C to end." in res.stderr and "320 summaries" in res.stderr
     res = run_argus("aggregate", "--redis", redis_url, "--set", "bogus=1")
     assert res.returncode == 2 and res.stderr.startswith("ERROR: unknown threshold")
+
+
+def test_diagnose_picks_the_only_job_and_lists_several(redis_client: Any, redis_url: str) -> None:
+    publish_all(redis_client, steps(Job(job="only", faults=Faults(straggler=(3, 1.5, 10)))))
+    res = run_argus("diagnose", "--redis", redis_url, "--phases", "forward,backward,optimizer,grad_sync")
+    assert res.returncode == 0, res.stderr
+    assert "job only (the only one in this Redis)" in res.stderr and "straggler — ranks 3" in res.stdout
+    publish_all(redis_client, steps(Job(job="other", steps=12)))
+    res = run_argus("diagnose", "--redis", redis_url)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert "ERROR: several jobs in this Redis: only, other" in res.stderr and "HINT: " in res.stderr
+    res = run_argus("alerts", "--redis", redis_url, "--follow")
+    assert res.returncode != 0 and "this Redis has: only, other" in res.stderr, res.stderr

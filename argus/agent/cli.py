@@ -379,13 +379,16 @@ class Prober:
             # collective per communicator) stays on record after it exits, even for a short job
             s.consume()
             self.redis.tick(s, force=True)
-        for pid in s.reap(gone):
+        reaped = s.reap(gone)
+        for pid in reaped:
             v = self.views.get(pid)
             if v is not None:
                 v.exited = True
-            self._say(
-                f"pid {pid} exited; still serving {sum(t.alive for t in s.targets.values())} process(es)"
-            )
+        if reaped:  # one line per batch: ranks of a job end together
+            left = sum(t.alive for t in s.targets.values())
+            who = ", ".join(str(p) for p in reaped)
+            rest = f"still tracing {left} process(es)" if left else "no process left to trace"
+            self._say(f"pid{'s' if len(reaped) > 1 else ''} {who} exited; {rest}")
         s.consume()
         s.drain()
         if self.gpu is not None:

@@ -63,7 +63,11 @@ def redis_items(url: str, job: str) -> List[Item]:
 @click.option(
     "--redis", "redis_url", metavar="URL", help="Read the job's summaries and heartbeats from Redis."
 )
-@click.option("--job", default=None, help="The job (required with --redis; with a file: only this job).")
+@click.option(
+    "--job",
+    default=None,
+    help="The job (with --redis: default the only one there; with a file: only this job).",
+)
 @click.option("--steps", "steps", metavar="A:B", help="Report findings in these steps (inclusive).")
 @click.option(
     "--phases",
@@ -106,7 +110,10 @@ def diagnose_cmd(
             "give exactly one input: --from-jsonl FILE or --redis URL", "e.g. --from-jsonl steps.jsonl"
         )
     if redis_url and not job:
-        raise UsageError("--redis needs --job", "list jobs with: redis-cli SMEMBERS argus:jobs")
+        from argus.tui.top import connect, pick_job
+
+        job = pick_job(connect(redis_url), None)  # the only job there, or an error listing them
+        click.echo(f"job {job} (the only one in this Redis)", err=True)
     rng = parse_steps(steps)
     try:
         th = Thresholds.from_pairs(list(sets))
@@ -334,7 +341,11 @@ def _show_alerts(
     if not follow:
         return 0
     if len(names) != 1:
-        raise UsageError("--follow needs exactly one --job", "e.g. argus alerts --follow --job run-42")
+        shown_jobs = ", ".join(names[:8]) or "none yet"
+        raise UsageError(
+            f"--follow follows one job; this Redis has: {shown_jobs}",
+            "e.g. argus alerts --follow --job run-42",
+        )
     try:
         for _eid, new in service.follow(client, names[0]):
             if new is None:

@@ -342,7 +342,7 @@ class L2:
         weaker evidence than naming needs, enough to keep an alert already named from resolving
         (a mild straggler on a noisy host dips under the thresholds for a step or two; the alert
         must not resolve and fire again)."""
-        return bool(ranks) and all(any(list(self.hist.get(r, ()))[-self.th.persist_n :]) for r in ranks)
+        return bool(ranks) and set(ranks) <= self.recently_flagged()
 
     def extra(self, rank: int, phase: str) -> Tuple[float, float]:
         """(median ratio, median extra ns) of a phase over the rank's last `persist_n` steps."""
