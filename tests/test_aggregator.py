@@ -135,15 +135,16 @@ def test_a_straggler_dipping_under_the_thresholds_stays_one_alert() -> None:
     assert [(a.kind, a.ranks, a.state) for a in eng.transitions] == [("straggler", [3], "firing")]
     # once it is gone the alert resolves
     eng = run(Job(steps=70, faults=Faults(straggler=(3, 1.5, 10), straggler_off=tuple(range(30, 70)))))
-    assert [(a.kind, a.state) for a in eng.transitions] == [("straggler", "firing"), ("straggler", "resolved")]
+    assert [a.state for a in eng.transitions] == ["firing", "resolved"]
 
 
 def test_host_late_straggler_named_by_arrival() -> None:
-    """A rank whose host is persistently late (blocking communication, or a slow input pipeline):
-    named from the arrival lateness at the collectives."""
+    """A rank whose host is persistently late (a slow input pipeline): named from the arrival
+    lateness at the collectives. The collectives are asynchronous, so the lateness is the host's own
+    and must last as a host-bound outlier must (12 of 16 steps): CPU contention comes in bursts."""
     eng = run(Job(faults=Faults(host_stall=(6, 10, 15.0, 30))))
     kinds = fired(eng)
-    assert kinds and kinds[0][:2] == ("straggler", [6]) and kinds[0][2] <= 12
+    assert kinds and kinds[0][:2] == ("straggler", [6]) and 21 <= kinds[0][2] <= 22, kinds
     a = eng.alerts()[0]
     assert a.evidence["host_late_steps"] >= 3 and a.evidence["arrived_last"]["last"] > 0
     assert "arrived last at" in a.summary

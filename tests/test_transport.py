@@ -205,9 +205,11 @@ def test_a_newer_agents_fields_are_read_and_skipped_entries_are_said(
     assert lines and lines[0].startswith("WARNING: skipped 3 malformed entries"), lines
     assert any("step:zz" in x for x in lines), lines
 
-    r = run_argus("top", "--redis", redis_url, "--job", JOB, "--once")
+    svg = tmp_path / "top.svg"
+    r = run_argus("top", "--redis", redis_url, "--job", JOB, "--once", "--svg", str(svg))
     assert r.returncode == 0 and "WARNING: skipped 2 malformed entries" in r.stderr, r.stderr  # no heartbeats
     assert "(step:zz)" in r.stderr
+    assert svg.read_text().lstrip().startswith("<svg") and JOB in svg.read_text()  # the frame as a picture
 
     junk = "junk-job"
     for fields in [*HOSTILE[:2], {b"d": msgpack.packb({"v": 2})}]:

@@ -327,7 +327,7 @@ class Engine:
                 since = (frame.step, d.judged)
             d.stall_since[r] = (since[0], d.judged)
             findings.append(ex.stall(r, s["evidence"], since[0], frame.step))
-        cands = d.l2.persistent(young) if judge else set()
+        cands = d.l2.persistent(young, d.modes.job_blocking() is False) if judge else set()
         named: Set[int] = set()
         # a candidate's link peers flagged in its last steps are judged with it: a slow link shows on
         # both ends, but on a noisy host one end may dip under the thresholds in the step judged

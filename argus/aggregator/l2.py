@@ -302,11 +302,13 @@ class L2:
             self.devs[r].append(f.dev)
             self.recent[r].append(f if (f.flagged or f.stall) else None)
 
-    def persistent(self, young: bool = False) -> Set[int]:
+    def persistent(self, young: bool = False, async_comm: bool = False) -> Set[int]:
         """Ranks flagged now for a reason (late; phase p high; phase p low) that held in `persist_k`
         of their last `persist_n` steps: the same symptom again, not noise hitting a rank in a
         different phase each step. While the group's baselines are `young` (the first steps after
-        attaching: its noise is barely known), in every one of the last `persist_n`."""
+        attaching: its noise is barely known), in every one of the last `persist_n`. Host-bound
+        reasons need `host_persist_k` of `host_persist_n`: a GPU phase whose deviation is the host's
+        own time, and — with `async_comm`, where the host runs ahead of the GPU — host lateness."""
         th = self.th
         k = th.persist_n if young else th.persist_k
         out: Set[int] = set()
@@ -319,8 +321,14 @@ class L2:
                 recent = [i for i in range(max(0, len(steps) - th.persist_n), len(steps)) if why in steps[i]]
                 if len(recent) < k:
                     continue
-                own = why == "late" or why.endswith(WAIT_PHASES)  # host-side already: nothing to split
-                if own or median([hs[i] for i in recent]) < th.host_bound_share:
+                if why == "late":  # the host's own arrival: host-bound when collectives are async
+                    bursty = async_comm
+                else:  # a host wait in a blocking call is host time already: nothing to split
+                    bursty = (
+                        not why.endswith(WAIT_PHASES)
+                        and median([hs[i] for i in recent]) >= th.host_bound_share
+                    )
+                if not bursty:
                     out.add(r)
                     break
                 # host-bound (its host launched the work late): bursty by nature, it must last longer

@@ -72,6 +72,14 @@ def pick_job(client: Any, job: Optional[str]) -> str:
     "--max-rows", type=int, default=30, show_default=True, help="Rank rows before grouping by host."
 )
 @click.option("-i", "--interval", type=float, default=1.0, show_default=True, help="Refresh every N seconds.")
+@click.option(
+    "--svg",
+    "svg_path",
+    default=None,
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="With --once: also save the frame as an SVG picture (for a ticket or a page).",
+)
 def top_cmd(
     redis_url: str,
     job: Optional[str],
@@ -81,6 +89,7 @@ def top_cmd(
     host_filter: Optional[str],
     max_rows: int,
     interval: float,
+    svg_path: Optional[str],
 ) -> int:
     """Live view of every rank of a job: who is late, how long steps take, what is firing.
 
@@ -93,18 +102,22 @@ def top_cmd(
       argus top --redis redis://127.0.0.1:6379/0
       argus top --job sim-1a2b3c4d --once          # one frame, for scripts and tickets
       argus top --sort step --host node-3
+      argus top --once --svg top.svg               # the frame as a picture
     """
     client = connect(redis_url)
     job = pick_job(client, job)
     feed = Feed(client, job, expected)
     opts = ViewOptions(sort=sort, host=host_filter, max_rows=max_rows)
-    if once or not sys.stdout.isatty():
+    if once or svg_path or not sys.stdout.isatty():
         feed.poll(block_ms=int(interval * 1000))
         from rich.console import Console
 
-        Console(width=max(120, os.get_terminal_size(0).columns if sys.stdin.isatty() else 200)).print(
-            render(feed.snapshot(), opts)
-        )
+        width = max(120, os.get_terminal_size(0).columns if sys.stdin.isatty() else 200)
+        console = Console(width=width, record=bool(svg_path))
+        console.print(render(feed.snapshot(), opts))
+        if svg_path:
+            console.save_svg(svg_path, title=f"argus top - {job}")
+            click.echo(f"wrote {svg_path}", err=True)
         for line in feed.notices():
             click.echo(line, err=True)
         return 0
