@@ -45,16 +45,24 @@ class Processes:
         return p
 
     def close(self) -> None:
-        """Stop in reverse order of start, each before the next (the aggregator before its Redis)."""
-        for p in reversed(self.procs):
-            if p.poll() is None:
+        """Stop them all at once, within 10 s: the agent's own shutdown (detaching its probes) takes
+        seconds on a loaded host, and one after the other they once took over a minute after Ctrl-C."""
+        live = [p for p in reversed(self.procs) if p.poll() is None]
+        for p in live:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        for p in live:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
                 try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                    p.wait(timeout=10)
+                    os.killpg(p.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=5)
 
 
 def argus(*args: str) -> List[str]:

@@ -214,6 +214,20 @@ def test_pipeline_bubble_names_the_slow_stage() -> None:
     assert eng.alerts()[0].evidence["victims"] == [4]
 
 
+def test_a_bubble_whose_waiting_peer_is_missing_is_not_called_a_straggler() -> None:
+    """The waiting pipeline peer's summaries of the steps where the bubble becomes persistent never
+    arrive (a late agent, a lost batch): the bubble is named once the peer can be judged again, as a
+    bubble, not as a straggler first."""
+    eng = Engine(None, NAMES)
+    for rs in steps(Job(layout="pp-dp", faults=Faults(bubble=(5, 1.9, 10)))):
+        if not (rs.rank == 4 and 10 <= (rs.step or 0) <= 12):
+            eng.add(rs)
+    eng.flush()
+    got = fired(eng)
+    assert [(k, r) for k, r, _ in got] == [("pipeline_bubble", [5])] and got[0][2] <= 14, got
+    assert eng.alerts()[0].evidence["victims"] == [4]
+
+
 def test_slow_drift_below_l2_floors_is_caught_by_l3() -> None:
     eng = run(Job(steps=60, faults=Faults(drift=(6, 1.06, 10))))
     got = fired(eng)

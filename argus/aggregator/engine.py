@@ -26,7 +26,7 @@ from argus.aggregator.config import PhaseInfo, Thresholds
 from argus.aggregator.explain import Explainer
 from argus.aggregator.hang import HangWatch
 from argus.aggregator.l1 import L1, L1Finding
-from argus.aggregator.l2 import HOST_PHASES, L2, name_culprits
+from argus.aggregator.l2 import HOST_PHASES, L2, link_peers, name_culprits
 from argus.aggregator.l3 import L3
 from argus.aggregator.robust import median
 from argus.aggregator.state import Aligner, Frame, Groups
@@ -128,6 +128,7 @@ class JobDiag:
     held: List[Tuple[L1Finding, int]] = field(default_factory=list)  # (finding, publish at judged count)
     gpu: Dict[int, Dict[str, Any]] = field(default_factory=dict)
     host_wait: Dict[str, Deque[Tuple[int, float]]] = field(default_factory=dict)  # group -> (step, median)
+    group_size: Dict[str, int] = field(default_factory=dict)  # symmetric group -> most members seen
     l1_log: Deque[L1Finding] = field(default_factory=lambda: deque(maxlen=256))  # for reports
     first_step: int = -1
     stall_since: Dict[int, Tuple[int, int]] = field(default_factory=dict)  # rank -> (first step, judged #)
@@ -327,12 +328,17 @@ class Engine:
                 since = (frame.step, d.judged)
             d.stall_since[r] = (since[0], d.judged)
             findings.append(ex.stall(r, s["evidence"], since[0], frame.step))
-        cands = d.l2.persistent(young, d.modes.job_blocking() is False) if judge else set()
+        is_async = d.modes.job_blocking() is False
+        cands = d.l2.persistent(young, is_async) if judge else set()
+        if judge and young:  # two linked ranks standing out together is not independent noise
+            loose = d.l2.persistent(False, is_async)
+            cands |= {r for r in loose if link_peers(r, d.groups) & loose}
         named: Set[int] = set()
         # a candidate's link peers flagged in its last steps are judged with it: a slow link shows on
         # both ends, but on a noisy host one end may dip under the thresholds in the step judged
         flagged = d.l2.recently_flagged() if judge else set()
-        for c in name_culprits(cands, flagged, d.l2, d.groups, th):
+        assessed = {r for r, f in flags.items() if f.dev}  # ranks whose phases this step judged
+        for c in name_culprits(cands, flagged, d.l2, d.groups, th, assessed):
             findings.append(ex.culprit(c, d.l2, flags, frame.step, th.window))
             named |= set(c.ranks) | set(c.victims)
 
@@ -349,7 +355,11 @@ class Engine:
             if hw is None:
                 hw = d.host_wait[key] = deque(maxlen=th.window)
             hw.append((frame.step, median([rs.phases.get("host_wait", 0) for rs in rsl])))
-            for sh in d.l3.group_shift(frame.step, key, rsl, roles, quiet):
+            full = d.group_size[key] = max(d.group_size.get(key, 0), len(members))
+            # a group short of members this step (a rank's data late or lost) has another minimum:
+            # its level is not comparable with its past
+            shifts = d.l3.group_shift(frame.step, key, rsl, roles, quiet) if len(members) == full else []
+            for sh in shifts:
                 if judge:
                     findings.append(ex.shift(sh, sorted(members), frame.step, _host_wait_ratio(hw, sh.since)))
             phases = sorted(p for p in rsl[0].phases if p not in HOST_PHASES and roles.get(p) != "comm")

@@ -183,6 +183,7 @@ class L2:
         self.hshare: Dict[int, Deque[float]] = {}  # per step (as `hist`): RankFlag.host_share
         self.links: Dict[Tuple[int, int], int] = {}  # pair -> -1: a slow link (sticky); n: steps undecided
         self.causes: Dict[FrozenSet[int], int] = {}  # component -> the rank named as its cause
+        self.deferred: Dict[int, int] = {}  # rank -> steps its naming waited for a link peer's data
         self.members: Dict[str, List[int]] = {}  # symmetric group -> ranks (last step)
 
     def _noise(self, key: Tuple[str, str]) -> Noise:
@@ -387,7 +388,12 @@ class Culprit:
 
 
 def name_culprits(
-    cands: Set[int], flagged: Set[int], l2: L2, groups: Groups, th: Thresholds
+    cands: Set[int],
+    flagged: Set[int],
+    l2: L2,
+    groups: Groups,
+    th: Thresholds,
+    assessed: Optional[Set[int]] = None,
 ) -> List[Culprit]:
     """Turn persistent ranks (`cands`) into causes. Ranks joined by a small communicator are judged
     together with their peers flagged in this step (`flagged`): a cause must itself be persistent
@@ -395,6 +401,8 @@ def name_culprits(
     out: List[Culprit] = []
     seen: Set[int] = set()
     pool = cands | flagged
+    for x in [x for x in l2.deferred if x not in cands]:
+        del l2.deferred[x]  # no longer a candidate: a new episode waits afresh
     for pair in [p for p in l2.links if not (set(p) & pool)]:
         del l2.links[pair]  # the pair no longer stands out: judge it afresh next time
     for r in sorted(cands):
@@ -403,6 +411,12 @@ def name_culprits(
         comp = _component(r, pool, groups)
         seen |= comp
         if len(comp) == 1:
+            # a link peer whose phases this step could not judge (its data late, its group short of
+            # ranks) may be waiting on it: a pipeline bubble, not a straggler; look again (twice)
+            unseen = assessed is not None and bool(link_peers(r, groups) - assessed)
+            if unseen and l2.deferred.get(r, 0) < 2:
+                l2.deferred[r] = l2.deferred.get(r, 0) + 1
+                continue
             if _others_waited(l2, r):
                 out.append(Culprit("straggler", [r]))
             continue
@@ -470,16 +484,21 @@ def _strength(l2: L2, rank: int, min_steps: int) -> float:
     return max(hi) if hi else 1.0
 
 
+def link_peers(r: int, groups: Groups) -> Set[int]:
+    """Ranks joined to `r` by send/recv or by a 2-rank collective."""
+    peers = set(groups.edges.get(r, ()))
+    for g in groups.by_comm.values():
+        if len(g.members) == 2 and r in g.members:
+            peers |= g.members
+    return peers - {r}
+
+
 def _component(r: int, cands: Set[int], groups: Groups) -> Set[int]:
     comp = {r}
     todo = [r]
     while todo:
         x = todo.pop()
-        peers = set(groups.edges.get(x, ()))
-        for g in groups.by_comm.values():  # 2-rank collectives (e.g. tensor-parallel pairs)
-            if len(g.members) == 2 and x in g.members:
-                peers |= g.members
-        for y in peers & cands:
+        for y in link_peers(x, groups) & cands:  # send/recv and 2-rank collectives (TP pairs)
             if y not in comp:
                 comp.add(y)
                 todo.append(y)
