@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -63,6 +64,22 @@ class Processes:
                 except ProcessLookupError:
                     pass
                 p.wait(timeout=5)
+
+
+def _exit_soon(procs: List[subprocess.Popen], after_s: float = 20.0) -> None:
+    """After Ctrl-C the person gets the prompt back within `after_s` whatever the cleanup waits on:
+    then every child's process group is killed and the demo exits (130)."""
+
+    def watchdog() -> None:
+        time.sleep(after_s)
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        os._exit(130)
+
+    threading.Thread(target=watchdog, daemon=True).start()
 
 
 def argus(*args: str) -> List[str]:
@@ -208,6 +225,7 @@ def demo_cmd(
         return 0
     except KeyboardInterrupt:
         click.echo("\ninterrupted: stopping everything the demo started", err=True)
+        _exit_soon([*ps.procs, *(job.procs.values() if job is not None else [])])
         return 130
     finally:
         if job is not None:

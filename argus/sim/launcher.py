@@ -244,9 +244,10 @@ class SimJob:
                     os.killpg(p.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        deadline = time.monotonic() + 10  # one bound for all ranks, not 10 s each
         for p in self.procs.values():
             try:
-                p.wait(timeout=10)
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
         for f in Path("/dev/shm").glob(f"argus-sim-{self.run_id}-*"):
