@@ -15,6 +15,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 NOBODY = "nobody"
 
 
+def sigint_as_at_a_terminal() -> None:
+    """preexec_fn for a child the test will Ctrl-C: a shell starts background jobs (a CI runner's,
+    `cmd &`) with SIGINT ignored, and the child would inherit that and never see the signal."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def argus_env(extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """The environment for a child `argus`: this one, with the repo first on PYTHONPATH."""
     env = dict(os.environ)

@@ -11,7 +11,7 @@ import time
 from typing import Dict, Iterable, List, Optional
 
 from argus.sim.launcher import SimConfig, SimJob
-from tests.helpers import REPO_ROOT, argus_env
+from tests.helpers import REPO_ROOT, argus_env, sigint_as_at_a_terminal
 
 
 class ProbeProc:
@@ -29,6 +29,7 @@ class ProbeProc:
             text=True,
             env=argus_env(),
             cwd=str(REPO_ROOT),
+            preexec_fn=sigint_as_at_a_terminal,  # tests Ctrl-C it
         )
         self.out: List[str] = []
         self.err: List[str] = []

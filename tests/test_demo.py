@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO_ROOT, argus_env
+from tests.helpers import REPO_ROOT, argus_env, sigint_as_at_a_terminal
 
 pytestmark = [pytest.mark.bpf, pytest.mark.redis, pytest.mark.slow]
 
@@ -52,6 +52,7 @@ def test_demo_cleans_up_on_ctrl_c(tmp_path: Path) -> None:
         text=True,
         env=argus_env(),
         cwd=str(REPO_ROOT),
+        preexec_fn=sigint_as_at_a_terminal,
     )
     assert p.stdout is not None
     workdir = ""
