@@ -195,6 +195,17 @@ setup_torch() {
     fi
 }
 
+# Catapult's trace viewer (chrome://tracing's engine, from the pinned xprof wheel on PyPI): a test
+# opens `argus record`'s trace in it, offline, in headless Chromium (tests/traceview.py)
+setup_trace_viewer() {
+    local out
+    if out=$("$REPO_ROOT/.venv/bin/python" -m tests.traceview --fetch 2>&1); then
+        echo "$out"
+    else
+        echo "warning: $out (the trace viewer test will skip)" >&2
+    fi
+}
+
 main() {
     install_packages
     install_browser
@@ -204,6 +215,7 @@ main() {
     ensure_mount bpf /sys/fs/bpf
     setup_venv
     setup_torch
+    setup_trace_viewer
 }
 
 if [[ ${BASH_SOURCE[0]} == "$0" ]]; then # not when sourced (to test one step)

@@ -246,8 +246,9 @@ class TraceBuilder:
         out: List[dict] = []
         for pid in sorted({p for p, _ in self.threads}):
             rank = self.n.rank.get(pid, -1)
-            label = f"rank {rank} (pid {pid})" if rank >= 0 else f"pid {pid}"
-            out.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}})
+            if rank >= 0:  # viewers add the pid themselves ("rank 3 (pid 4242)"); else they show it alone
+                name = {"name": f"rank {rank}"}
+                out.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": name})
             out.append(
                 {
                     "name": "process_sort_index",

@@ -76,6 +76,12 @@ class Thresholds:
     #: steps in CI; at 1 s steps this names a CPU-starved rank in ~12 s)
     host_persist_k: int = 12
     host_persist_n: int = 16
+    #: in a blocking communicator the host call returns when the last peer arrived, so the group's
+    #: lowest wait in its collectives (`wait:coll`) is the rank the others waited for. It is flagged low
+    #: when the group's median waited at least 1/`wait_order_ratio` as long, however noisy the
+    #: others' waits are (they spread with the very lateness being judged): measured on the second
+    #: stand-ins' pp-dp job, a slowed link's ends were that in 81-83% of steps, clean ranks in <= 1%
+    wait_order_ratio: float = 0.5
     #: smallest symmetric group in which a majority can name an outlier
     min_group: int = 3
     #: two p2p peers with the same extra time (within this fraction) in every phase they both grew in

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from operator import sub
 from typing import Deque, Dict, FrozenSet, List, Optional, Set, Tuple
 
-from argus.aggregator.commmode import WAIT_P2P, WAIT_PHASES
+from argus.aggregator.commmode import WAIT_COLL, WAIT_P2P, WAIT_PHASES
 from argus.aggregator.config import PhaseInfo, Thresholds
 from argus.aggregator.robust import Noise, median, median_sorted
 from argus.aggregator.state import Groups
@@ -71,6 +71,7 @@ class RankFlag:
 
 
 OUTLIER_K = 4.0
+LOW_WAIT = f"low:{WAIT_COLL}"
 
 
 def own_host(rs: RankStep) -> int:
@@ -250,6 +251,10 @@ class L2:
             noise = self._noise((key, p))
             thr = max(th.noise_k * noise.scale(), th.rel_min * m, th.abs_min_ns, share_ns)
             comm = roles.get(p) == "comm"
+            floor = max(th.rel_min * m, th.abs_min_ns)
+            # a blocking collective's lowest wait: the others waited for that rank (wait_order_ratio);
+            # not send/recv, whose peers are outside this group
+            first = vals[0][1] if p == WAIT_COLL and vals[0][0] <= th.wait_order_ratio * m else None
             healthy: List[float] = []
             for v, r in vals:
                 d = v - m
@@ -257,13 +262,13 @@ class L2:
                 f.dev[p] = (v / m if m > 0 else 1.0, d)
                 if judge and d >= thr and not comm:
                     f.high[p] = (v / m if m > 0 else float("inf"), d)
-                elif judge and -d >= thr and comm:
+                elif judge and comm and (-d >= thr or (r == first and -d >= floor)):
                     f.low[p] = (v / m if m > 0 else 0.0, -d)
-                elif not self._biased(r, p, d, max(th.rel_min * m, th.abs_min_ns)):
+                elif not self._biased(r, p, d, floor):
                     healthy.append(abs(d))
             if comm:
                 flags[vals[0][1]].gpu_last[p] = vals[1][0] - vals[0][0] > th.abs_min_ns
-            noise.add(teaching(healthy, max(th.rel_min * m, th.abs_min_ns)))
+            noise.add(teaching(healthy, floor))
         # host time outside GPU waits and blocking collectives, relative to the group (host stalls)
         ho = [own_host(rs) for rs in rsl]
         mho = median(ho)
@@ -307,11 +312,12 @@ class L2:
         """Ranks flagged now for a reason (late; phase p high; phase p low) that held in `persist_k`
         of their last `persist_n` steps: the same symptom again, not noise hitting a rank in a
         different phase each step. While the group's baselines are `young` (the first steps after
-        attaching: its noise is barely known), in every one of the last `persist_n`. Host-bound
-        reasons need `host_persist_k` of `host_persist_n`: a GPU phase whose deviation is the host's
-        own time, and — with `async_comm`, where the host runs ahead of the GPU — host lateness."""
+        attaching: its noise is barely known), in every one of the last `persist_n` — except the
+        lowest wait in a blocking call, which needs no learnt baseline (`wait_order_ratio`).
+        Host-bound reasons need `host_persist_k` of `host_persist_n`: a GPU phase whose deviation is
+        the host's own time, and — with `async_comm`, where the host runs ahead of the GPU — host
+        lateness."""
         th = self.th
-        k = th.persist_n if young else th.persist_k
         out: Set[int] = set()
         for r, h in self.hist.items():
             if not h[-1]:
@@ -319,6 +325,7 @@ class L2:
             hs = list(self.hshare[r])
             steps = list(h)
             for why in h[-1]:
+                k = th.persist_n if young and why != LOW_WAIT else th.persist_k
                 recent = [i for i in range(max(0, len(steps) - th.persist_n), len(steps)) if why in steps[i]]
                 if len(recent) < k:
                     continue
