@@ -60,10 +60,8 @@ def _register() -> None:
     cli.add_command(diagnose_cmd)
     cli.add_command(aggregate_cmd)
     cli.add_command(alerts_cmd)
-    try:
-        from argus.agent.cli import probe_cmd
-    except ImportError:  # the probe command is optional until its module exists
-        return
+    from argus.agent.cli import probe_cmd
+
     cli.add_command(probe_cmd)
     from argus.agent.record import record_cmd
 

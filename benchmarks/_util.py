@@ -20,6 +20,14 @@ def env() -> Dict[str, str]:
     return dict(os.environ, PYTHONPATH=pypath)
 
 
+def sigint_default() -> None:
+    """preexec_fn for a child the benchmark stops with SIGINT: started from a shell's background job
+    (`cmd &`, a CI runner) it would inherit SIGINT ignored and never stop."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def status_kb(pid: int, field: str) -> int:
     """A /proc/PID/status field in kB (VmRSS, VmHWM); 0 when the process is gone."""
     try:

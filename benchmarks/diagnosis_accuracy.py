@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from argus.aggregator.service import history  # noqa: E402
 from argus.reader import iter_steps  # noqa: E402
-from benchmarks._util import env  # noqa: E402
+from benchmarks._util import env, sigint_default  # noqa: E402
 from tests import families  # noqa: E402
 from tests.redisproc import RedisProc  # noqa: E402
 
@@ -126,6 +126,7 @@ def run_one(family: str, fault: str, when: str, redis: RedisProc, clean_steps: i
             [*args, "probe", *pids, "--redis", redis.url, "-i", "0.5s", "--json"],
             env=env(),
             cwd=REPO,
+            preexec_fn=sigint_default,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

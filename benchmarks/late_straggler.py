@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from argus.aggregator.service import history  # noqa: E402
-from benchmarks._util import env  # noqa: E402
+from benchmarks._util import env, sigint_default  # noqa: E402
 from tests.redisproc import RedisProc  # noqa: E402
 
 NAMES = "forward,backward,optimizer,grad_sync"
@@ -52,6 +52,7 @@ def main() -> int:
             [*argus, "sim", "run", "--ranks", "8", "--steps", "600", *SIM_ARGS, "--truth", str(truth)],
             env=env(),
             cwd=REPO,
+            preexec_fn=sigint_default,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

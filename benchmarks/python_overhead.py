@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from benchmarks._util import sigint_default
+
 REPO = Path(__file__).resolve().parents[1]
 
 WORKER = r"""
@@ -151,7 +153,7 @@ class Tool:
         argv = [a.replace("{pid}", str(pid)) for a in self.argv]
         self.p = subprocess.Popen(
             argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=str(REPO),
-            env=dict(os.environ, PYTHONPATH=str(REPO)),
+            env=dict(os.environ, PYTHONPATH=str(REPO)), preexec_fn=sigint_default,
         )  # fmt: skip
         self.err: List[str] = []
         threading.Thread(target=self._read, daemon=True).start()

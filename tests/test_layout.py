@@ -1,5 +1,5 @@
 """Every Python mirror in argus/probes/records.py has the size and field offsets bcc compiled for the
-C struct in bpf/records.h (the values are measured by a BPF program, not recomputed in Python)."""
+C struct in argus/bpf/records.h (the values are measured by a BPF program, not recomputed in Python)."""
 
 from __future__ import annotations
 

@@ -266,6 +266,24 @@ def test_timers_get_the_phase_between_their_events() -> None:
     assert sec.pending_events == {100: 1}
 
 
+def test_a_timer_summarized_after_the_next_steps_records_keeps_its_own_interval() -> None:
+    """Under load the agent may summarize a step after the next step's event records arrived: the
+    reused events then have newer records, and the timer must still take the phase between the
+    records that preceded its own read (before, the newest: another phase, or none)."""
+    sec = make_section()
+    bits = lambda ms: int.from_bytes(__import__("struct").pack("<f", ms), "little")  # noqa: E731
+    sec.on_event_record(event_record(100, 0xA))
+    sec.on_mark(mark("cuLaunchKernel", 110, 1))  # forward
+    sec.on_event_record(event_record(200, 0xB))
+    timer = RecElapsed(h=hdr(4, "", 250), start_ev=0xA, end_ev=0xB, ms_bits=bits(2.0), result=0)
+    sec.on_event_record(event_record(300, 0xA))  # the next step reuses both events ...
+    sec.on_mark(mark("cuLaunchKernel", 310, 3))  # ... around its optimizer
+    sec.on_event_record(event_record(400, 0xB))
+    sec.add_prof(0, 100, 1, PROF_ONCPU, 1, 1)
+    out = sec.summarize([0], [timer])
+    assert out is not None and out["gpu_phases"] == {"forward": 2_000_000}, out
+
+
 def test_gc_and_precise_summaries() -> None:
     sec = make_section()
     sec.add_gc(3, 0, 10, 1000, 300, 50)
@@ -345,8 +363,8 @@ def test_offset_table_matches_each_interpreters_headers(
 
 
 def test_every_layout_fits_the_walks_one_read_per_frame() -> None:
-    """bpf/python.bpf.c reads PY_FRAME_READ bytes per frame and takes code, caller and owner from them."""
-    h = (Path(__file__).resolve().parents[1] / "bpf" / "records.h").read_text()
+    """argus/bpf/python.bpf.c reads PY_FRAME_READ bytes per frame; code, caller and owner come from them."""
+    h = (Path(__file__).resolve().parents[1] / "argus" / "bpf" / "records.h").read_text()
     assert f"#define PY_FRAME_READ {cpython_offsets.PY_FRAME_READ} " in h
     for version, offsets in cpython_offsets.TABLE.items():
         assert offsets.frame_fields_fit(), version

@@ -1,6 +1,6 @@
 """Build, check and load the BPF programs of the selected channels with bcc.
 
-One compile unit includes the channel files the user enabled (bpf/cuda.bpf.c, bpf/nccl.bpf.c),
+One compile unit includes the channel files the user enabled (argus/bpf/cuda.bpf.c, argus/bpf/nccl.bpf.c),
 so maps such as the per-process epoch are shared. Knobs are -D macros built by `cflags()`.
 """
 
@@ -19,7 +19,7 @@ from argus import hostfacts
 from argus.errors import EnvironmentProblem, PermissionDenied
 from argus.probes.base import Channel, call_cflags
 
-BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
+BPF_DIR = Path(__file__).resolve().parents[1] / "bpf"  # package data: an installed argus traces
 EARLY_SOURCES = ("python.bpf.c", "host.bpf.c")
 
 
@@ -78,7 +78,7 @@ def source(channels: Sequence[Channel]) -> str:
 
 def full_text(channels: Sequence[Channel]) -> str:
     """The whole program as compiled, for `--ebpf` (records.h is included by argus.h)."""
-    return f"/* bpf/records.h */\n{(BPF_DIR / 'records.h').read_text()}\n" + source(channels)
+    return f"/* argus/bpf/records.h */\n{(BPF_DIR / 'records.h').read_text()}\n" + source(channels)
 
 
 def preflight() -> None:

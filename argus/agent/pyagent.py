@@ -1,4 +1,4 @@
-"""Session side of the Python and host channels (bpf/python.bpf.c, host.bpf.c, offcpu.bpf.c).
+"""Session side of the Python and host channels (argus/bpf/python.bpf.c, host.bpf.c, offcpu.bpf.c).
 
 Per target: find the interpreter and give its offsets to BPF (`py_targets`), keep the
 tid -> thread-state map current (`py_threads`), attach the GC USDT probes and precise-mode
@@ -23,7 +23,7 @@ from argus.probes.cpython_offsets import NONE, PY_FRAME_READ
 from argus.probes.prologue import plan_entry
 from argus.probes.records import PyCfg, RecEventRecord, RecPyCall, RecPyMark, UsdtArg
 
-OFF_UNKNOWN = 0xFFFFFFFF  # bpf/records.h
+OFF_UNKNOWN = 0xFFFFFFFF  # argus/bpf/records.h
 PY_STACKS_CAPACITY = 8192
 MAX_NATIVE_FRAMES = 24
 

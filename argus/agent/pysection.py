@@ -11,9 +11,9 @@ attributed to the phase of the stack it was taken with (docs/probe.md, "Python p
 from __future__ import annotations
 
 import bisect
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from argus.agent.phases import OTHER, PhaseMatcher, fold
 from argus.probes.base import call_name
@@ -21,6 +21,7 @@ from argus.probes.cpython import Frame
 from argus.probes.records import PROF_OFFCPU, PROF_ONCPU, RecElapsed, RecEventRecord, RecPyCall, RecPyMark
 
 MAX_MARKS = 20000  # recent native-call walks kept for labelling timers
+EVENT_RECORDS_KEPT = 8  # per event: a timer may be read a few steps after its records
 MAX_EPOCHS = 4096
 SYNC_CALLS = frozenset(
     {
@@ -80,7 +81,9 @@ class PythonSection:
         # reservation), for labelling timers by bisection
         self.mark_ts: List[int] = []
         self.mark_stack: List[int] = []
-        self.event_ts: Dict[int, int] = {}  # event -> host time of its latest cuEventRecord
+        # event -> host times of its latest cuEventRecords: a timer read after the next step's records
+        # arrived (the step summarized late) takes the records before its own read
+        self.event_ts: Dict[int, Deque[int]] = {}
         self.pending_events: Dict[int, int] = {}  # tid -> event records not yet given a phase
         self._phase: Dict[int, str] = {0: OTHER}
         self._folded: Dict[int, str] = {}
@@ -104,7 +107,7 @@ class PythonSection:
         name = call_name(r.h.call)
         marks = self._epoch(r.h.epoch).marks
         marks[(r.stack, call_class(name))] += r.weight
-        # event records are not walked (bpf/python.bpf.c, PY_HIT_EVENT): they force a walk at the
+        # event records are not walked (argus/bpf/python.bpf.c, PY_HIT_EVENT): they force a walk at the
         # thread's next launch, and take that walk's phase
         waiting = self.pending_events.pop(r.h.tid, 0)
         if waiting:
@@ -116,7 +119,10 @@ class PythonSection:
 
     def on_event_record(self, r: RecEventRecord) -> None:
         """The CUDA channel's cuEventRecord record: when the event was recorded (timer labels)."""
-        self.event_ts[r.event] = r.h.ts
+        q = self.event_ts.get(r.event)
+        if q is None:
+            q = self.event_ts[r.event] = deque(maxlen=EVENT_RECORDS_KEPT)
+        q.append(r.h.ts)
         self.pending_events[r.h.tid] = self.pending_events.get(r.h.tid, 0) + 1
         if len(self.event_ts) > MAX_MARKS:  # events are reused; a leak only if they are not
             self.event_ts.pop(next(iter(self.event_ts)))
@@ -216,7 +222,7 @@ class PythonSection:
         for t in timers:
             if t.result != 0:
                 continue
-            t0, t1 = self.event_ts.get(t.start_ev), self.event_ts.get(t.end_ev)
+            t0, t1 = self._recorded(t.start_ev, t.h.ts), self._recorded(t.end_ev, t.h.ts)
             if t0 is None or t1 is None or t1 <= t0:
                 continue
             lo, hi = bisect.bisect_right(self.mark_ts, t0), bisect.bisect_left(self.mark_ts, t1)
@@ -225,6 +231,11 @@ class PythonSection:
             phase = named[0][0] if named else OTHER
             out[phase] += round(_ms(t.ms_bits) * 1e6)
         return {k: int(v) for k, v in out.items()}
+
+    def _recorded(self, event: int, before: int) -> Optional[int]:
+        """When `event` was last recorded before `before` (the timer's read)."""
+        times = [x for x in self.event_ts.get(event, ()) if x <= before]
+        return max(times) if times else None
 
     @staticmethod
     def _gc(data: List[_PyEpoch]) -> Optional[dict]:

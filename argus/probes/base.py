@@ -33,7 +33,7 @@ class Channel:
 
     name: str  # "cuda", "nccl"
     library_re: str  # matched against the basename of mapped files
-    source: str  # bpf/<source>
+    source: str  # argus/bpf/<source>
     specs: Tuple[UprobeSpec, ...]
     macro: str  # -D switch that includes the channel
 

@@ -1,6 +1,6 @@
 """CPython in a running process: which interpreter, where its runtime is, its threads, its code.
 
-The Python channel (bpf/python.bpf.c) walks frames in the kernel; everything that needs names is
+The Python channel (argus/bpf/python.bpf.c) walks frames in the kernel; everything that needs names is
 done here, from user space, by reading the process's memory (/proc/PID/mem): the tid -> thread
 state map the walker needs (from the interpreter's thread list: works for every supported
 version, for threads that released the GIL, and where the current thread state is thread-local),

@@ -22,7 +22,7 @@ from typing import Dict, Optional, Tuple
 SUPPORTED: Tuple[Tuple[int, int], ...] = ((3, 9), (3, 10), (3, 11), (3, 12), (3, 13))
 SUPPORTED_TEXT = "3.9-3.13"
 NONE = -1  # the field does not exist in this version
-PY_FRAME_READ = 72  # bytes the BPF walk reads per frame (bpf/records.h)
+PY_FRAME_READ = 72  # bytes the BPF walk reads per frame (argus/bpf/records.h)
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Offsets:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def frame_fields_fit(self) -> bool:
-        """Whether the BPF walk's one read per frame (PY_FRAME_READ bytes, bpf/python.bpf.c) holds
+        """Whether the BPF walk's one read per frame (PY_FRAME_READ bytes, argus/bpf/python.bpf.c) holds
         the code, caller and owner fields; the walk masks the two pointer offsets to 0..63."""
         ptrs_ok = all(0 <= o <= 63 and o + 8 <= PY_FRAME_READ for o in (self.frame_code, self.frame_back))
         return ptrs_ok and (self.frame_owner == NONE or 0 <= self.frame_owner < PY_FRAME_READ)

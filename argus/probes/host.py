@@ -1,7 +1,7 @@
 """The host channel: native and kernel stacks of every target thread, on and off CPU.
 
-No library to find: it applies to every probed process. Source: bpf/host.bpf.c (sampling) and
-bpf/offcpu.bpf.c (sched_switch, shared with the Python channel).
+No library to find: it applies to every probed process. Source: argus/bpf/host.bpf.c (sampling) and
+argus/bpf/offcpu.bpf.c (sched_switch, shared with the Python channel).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """libcuda.so.1 (the CUDA driver API): what the CUDA channel probes.
 
 Frameworks reach the driver through libcudart, so probing libcuda sees every launch, copy,
-sync and event regardless of the runtime version. Source: bpf/cuda.bpf.c.
+sync and event regardless of the runtime version. Source: argus/bpf/cuda.bpf.c.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ cudaErrorInsufficientDriver, 35, on a host without a driver, when libcuda is not
 
 pip wheels (nvidia-cuda-runtime-cu12, nvidia-cuda-runtime) map it from
 site-packages/nvidia/cuda_runtime/lib; it is found per process in /proc/PID/maps. Every probe is a
-return probe (one hit per call). Source: bpf/cudart.bpf.c.
+return probe (one hit per call). Source: argus/bpf/cudart.bpf.c.
 """
 
 from __future__ import annotations

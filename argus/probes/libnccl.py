@@ -1,7 +1,7 @@
 """libnccl.so.2: what the NCCL channel probes, and what we know about communicator layouts.
 
 pip wheels map NCCL from site-packages/nvidia/nccl/lib, so the library is found per process in
-/proc/PID/maps. Source: bpf/nccl.bpf.c.
+/proc/PID/maps. Source: argus/bpf/nccl.bpf.c.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Python mirrors of bpf/records.h and decoding of ring-buffer records.
+"""Python mirrors of argus/bpf/records.h and decoding of ring-buffer records.
 
 Field order, widths and padding must match the C structs exactly; tests/test_layout.py compares
 every mirror with the layout bcc compiled.
