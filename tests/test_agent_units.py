@@ -218,3 +218,42 @@ def test_durations() -> None:
     assert parse_duration("500ms") == 0.5 and parse_duration("2m") == 120 and parse_duration("3") == 3
     with pytest.raises(click.BadParameter):
         parse_duration("soon")
+
+
+def test_a_groups_wait_in_ncclgroupend_counts_as_its_last_operations() -> None:
+    """Grouped send/recv only post; ncclGroupEnd runs them and, where they block, waits there for
+    the peers. That time must show as the operations' host time (the aggregator's `wait:p2p`), not
+    as the rank's own host time; an inner ncclGroupEnd says nothing."""
+    from argus.agent.tracker import EpochData, _add_group_waits
+    from argus.probes.records import NCCL_F_IN_GROUP
+
+    def p2p(call: str, enter: int, exit_: int) -> RecNccl:
+        r = RecNccl(comm=0xC1, seq=0, count=8, dtype=9, peer=1, flags=NCCL_F_IN_GROUP, enter_ns=enter)
+        set_hdr(r, **hdr(5, call, 0, exit_))
+        return r
+
+    def end(enter: int, exit_: int, inner: bool = False) -> RecNccl:
+        r = RecNccl(comm=0, seq=0, count=0, dtype=0xFF, peer=-1, flags=NCCL_F_IN_GROUP if inner else 0)
+        r.enter_ns = enter
+        set_hdr(r, **hdr(5, "ncclGroupEnd", 0, exit_))
+        return r
+
+    t = make_tracker()
+    for r in (
+        p2p("ncclSend", 100, 110),
+        p2p("ncclRecv", 120, 130),
+        end(140, 142, inner=True),
+        end(150, 9_150),
+    ):
+        t.on_record(r)
+    d = t.epochs[0]
+    assert [g.enter_ns for g in d.group_ends] == [150]  # the outermost only
+    out = t._nccl([d])
+    waits = [a[5] for a in out["arrivals"]]
+    assert waits == [10, 10 + 9_000], out["arrivals"]  # the last posted operation takes the wait
+    assert out["ops"]["Send"]["count"] == 1 and "GroupEnd" not in out["ops"]
+    # a group end with no operation of its thread before it changes nothing
+    grouped = [(7, 100, [0, 0, "Send", 8, 100, 10])]
+    _add_group_waits(grouped, [end(50, 90)])
+    assert grouped[0][2][5] == 10
+    assert isinstance(EpochData().group_ends, list)

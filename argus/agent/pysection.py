@@ -21,7 +21,9 @@ from argus.probes.cpython import Frame
 from argus.probes.records import PROF_OFFCPU, PROF_ONCPU, RecElapsed, RecEventRecord, RecPyCall, RecPyMark
 
 MAX_MARKS = 20000  # recent native-call walks kept for labelling timers
-EVENT_RECORDS_KEPT = 8  # per event: a timer may be read a few steps after its records
+# per event: the step a timer belongs to is summarized up to an output interval later (seen: 8+
+# steps of 60 ms), by when its events were recorded again
+EVENT_RECORDS_KEPT = 64
 MAX_EPOCHS = 4096
 SYNC_CALLS = frozenset(
     {
@@ -234,8 +236,12 @@ class PythonSection:
 
     def _recorded(self, event: int, before: int) -> Optional[int]:
         """When `event` was last recorded before `before` (the timer's read)."""
-        times = [x for x in self.event_ts.get(event, ()) if x <= before]
-        return max(times) if times else None
+        kept = self.event_ts.get(event)
+        if not kept:
+            return None
+        times = [x for x in kept if x <= before]
+        # its own records already dropped (a timer read very late): the oldest kept, a later step's
+        return max(times) if times else kept[0]
 
     @staticmethod
     def _gc(data: List[_PyEpoch]) -> Optional[dict]:

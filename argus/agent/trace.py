@@ -131,8 +131,11 @@ class TraceBuilder:
                     "peer": r.peer,
                     "result": r.result,
                 }
+                if name == "ncclGroupEnd":  # runs the group's operations: no communicator or stream
+                    args = {"result": r.result}
                 self._x(name, "nccl", pid, self._thread(pid, tid), r.enter_ns, r.h.ts, args)
-                self._x(name, "nccl.enqueue", pid, self._stream(pid, r.stream), r.enter_ns, r.h.ts, args)
+                if name != "ncclGroupEnd":
+                    self._x(name, "nccl.enqueue", pid, self._stream(pid, r.stream), r.enter_ns, r.h.ts, args)
             elif isinstance(r, RecEventRecord):
                 self._i(
                     "cuEventRecord",

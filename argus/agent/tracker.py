@@ -31,6 +31,7 @@ SCHEMA = 1
 FNV_OFFSET = 0xCBF29CE484222325
 MAX_PENDING_EPOCHS = 4096
 STEP_MARKER = "step_marker"
+GROUP_END = call_id("ncclGroupEnd")
 
 
 def fnv1a64(data: bytes, h: int = FNV_OFFSET) -> int:
@@ -75,9 +76,26 @@ class EpochData:
     calls: Counter = field(default_factory=Counter)  # call -> count
     sync: Optional[RecSync] = None
     nccl: List[RecNccl] = field(default_factory=list)
+    group_ends: List[RecNccl] = field(default_factory=list)  # outermost ncclGroupEnd calls
     elapsed: List[RecElapsed] = field(default_factory=list)
     inits: List[RecCommInit] = field(default_factory=list)
     event_records: int = 0
+
+
+def _add_group_waits(grouped: List[Tuple[int, int, list]], ends: List[RecNccl]) -> None:
+    """Each outermost ncclGroupEnd's time past its group's last posted operation becomes that
+    operation's host time (arrival[5]): where operations block, the group's wait for its peers is
+    spent there, not in the ncclSend/ncclRecv that posted them (else it would look like the rank's
+    own host time)."""
+    taken = set()
+    for g in sorted(ends, key=lambda x: x.enter_ns):
+        ops = [a for a in grouped if a[0] == g.h.tid and a[1] <= g.enter_ns and id(a[2]) not in taken]
+        if not ops:
+            continue
+        taken.update(id(a[2]) for a in ops)
+        last = max(ops, key=lambda a: a[1])[2]
+        posted = max(a[2][4] + a[2][5] for a in ops)
+        last[5] += max(0, g.h.ts - max(posted, g.enter_ns))
 
 
 def _ms(bits: int) -> float:
@@ -130,6 +148,9 @@ class RankTracker:
         self.records_seen += 1
         if isinstance(r, RecSync):
             self.epoch(r.h.epoch).sync = r
+        elif isinstance(r, RecNccl) and r.h.call == GROUP_END:
+            if not r.flags & NCCL_F_IN_GROUP:  # the outermost: where a group's operations ran
+                self.epoch(r.h.epoch).group_ends.append(r)
         elif isinstance(r, RecNccl):
             self.epoch(r.h.epoch).nccl.append(r)
             if r.comm and r.comm not in self.comms:
@@ -450,6 +471,7 @@ class RankTracker:
         arrivals = []
         errors: Dict[str, Dict[str, int]] = {}
         groups = 0
+        grouped: List[Tuple[int, int, list]] = []  # (tid, enter, arrival) of operations in a group
         for d in data:
             groups += d.calls.get(call_id("ncclGroupStart"), 0)
             for (call, res), c in d.errors.items():
@@ -485,7 +507,9 @@ class RankTracker:
                     arrival.append(n.peer)
                 if n.flags & NCCL_F_IN_GROUP:
                     arrival.append("g")
+                    grouped.append((n.h.tid, n.enter_ns, arrival))
                 arrivals.append(arrival)
+        _add_group_waits(grouped, [g for d in data for g in d.group_ends])
         calls: Counter = Counter()
         inits = []
         for d in data:

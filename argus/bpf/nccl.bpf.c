@@ -120,13 +120,23 @@ static __always_inline int group_step(u32 call, s32 delta) {
 }
 
 int ncclGroupStart_entry(struct pt_regs *ctx) { return group_step(CALL_ncclGroupStart, 1); }
-int ncclGroupEnd_entry(struct pt_regs *ctx) { return group_step(CALL_ncclGroupEnd, -1); }
-int ncclGroupEnd_return(struct pt_regs *ctx) {
-    u32 tgid = cur_tgid();
-    if (!targets.lookup(&tgid)) return 0;
-    count_error(tgid, CALL_ncclGroupEnd, (s32)PT_REGS_RC(ctx));
+
+/* A group's calls only post their operations; ncclGroupEnd runs them, and where operations block
+ * (a full launch queue, blocking settings, a vendor build) it is where the host waits for the
+ * peers. So ncclGroupEnd is a record too (no communicator; IN_GROUP when an inner one), and the
+ * agent counts its time as the wait of the group's last operation. */
+int ncclGroupEnd_entry(struct pt_regs *ctx) {
+    group_step(CALL_ncclGroupEnd, -1);
+    if (!target()) return 0;
+    u32 tid = cur_tid();
+    s32 *depth = group_depth.lookup(&tid);
+    struct scratch s = {.enter_ns = bpf_ktime_get_ns()};
+    s.a[4] = 0xff | ((u64)(depth && *depth > 0 ? NCCL_F_IN_GROUP : 0) << 16);
+    s.a[5] = (u64)-1;
+    save_scratch(CLASS_NCCL, &s);
     return 0;
 }
+int ncclGroupEnd_return(struct pt_regs *ctx) { return nccl_exit(ctx, CALL_ncclGroupEnd); }
 
 /* ---- communicator creation ----------------------------------------------------------------------- */
 
