@@ -25,6 +25,7 @@ pytestmark = pytest.mark.bpf
 
 BEFORE_MAX = 5  # steps after the faulty rank's first aligned data
 AFTER_MAX = 3  # steps after the onset
+L1_KINDS = ("step_regression", "step_spike")
 HANG_MAX_S = 30.0  # after the agent was ready (hang in progress) / the hang began (after attach)
 
 # (id, family, layout, steps, inject, attach at trainer step, probe s, kind, ranks)
@@ -146,8 +147,12 @@ def test_hang_after_attach_names_the_collective() -> None:
     c = collect_hang("standins", 8, 400, "dp", "hang:rank=6,step=80", attach_at_step=10, hold_s=20.0)
     assert c.hang_seen_ns is not None
     eng = Engine(Thresholds(), PhaseInfo.parse(""))
-    hangs = [a for it in c.items for a in eng.add(it) if a.state == "firing"]
-    assert [(a.kind, a.ranks) for a in hangs] == [("hang", [6])], [(a.kind, a.ranks) for a in hangs]
+    fired = [a for it in c.items for a in eng.add(it) if a.state == "firing"]
+    # as in the other cases, no other alert may name a rank (a job-level L1 step_regression names
+    # none: one CI run on this 2-core machine drew two before the hang)
+    hangs = [a for a in fired if a.ranks]
+    assert [(a.kind, a.ranks) for a in hangs] == [("hang", [6])], [(a.kind, a.ranks) for a in fired]
+    assert all(a.kind in L1_KINDS for a in fired if not a.ranks), [(a.kind, a.ranks) for a in fired]
     a = hangs[0]
     assert (a.first_seen - c.hang_seen_ns) / 1e9 <= HANG_MAX_S
     steps = [rs for rs in c.items if isinstance(rs, RankStep)]
