@@ -8,12 +8,12 @@ import re
 import signal
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import click
 
 from argus import redisconf
-from argus.agent import bpfprog, identity, launchwin, pyopts
+from argus.agent import bpfprog, discover, identity, launchwin, pyopts
 from argus.agent import session as sess
 from argus.agent.redisout import RedisOut
 from argus.agent.render import RankView, render
@@ -44,33 +44,27 @@ class DurationType(click.ParamType):
             self.fail(str(e.message), param, ctx)
 
 
-def find_candidates(match: Optional[str]) -> List[int]:
-    """Processes that map libcuda, libcudart or libnccl (and whose command line matches `match`)."""
-    rx = re.compile(match) if match else None
-    me = os.getpid()
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == me:
-            continue
-        try:
-            maps = open(f"/proc/{d}/maps").read()
-            cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        mapped = any(lib in maps for lib in ("libcuda.so", "libcudart.so", "libnccl.so"))
-        if mapped and (rx is None or rx.search(cmd)):
-            out.append(int(d))
-    return sorted(out)
-
-
 @click.command("probe")
 @click.option(
     "-p", "--pid", "pids", type=int, multiple=True, metavar="PID", help="Process to probe (repeatable)."
 )
 @click.option(
-    "--all", "all_", is_flag=True, help="Probe every process that maps libcuda/libnccl, including new ones."
+    "--all",
+    "all_",
+    is_flag=True,
+    help="Probe every rank on this host (processes that map libcuda/libcudart/libnccl), new ones too.",
 )
-@click.option("--match", metavar="REGEX", help="With --all: only processes whose command line matches.")
+@click.option(
+    "--match",
+    metavar="REGEX",
+    help="With --all: only processes whose command line, or their parent's, matches "
+    "(torch.multiprocessing.spawn ranks run `python -c ...spawn_main...`).",
+)
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="With --all: when no process matches yet, wait for one (a per-host service) instead of an error.",
+)
 @click.option(
     "-i",
     "--interval",
@@ -120,10 +114,16 @@ def find_candidates(match: Optional[str]) -> List[int]:
     "--ebpf", is_flag=True, help="Print the BPF program and compiler flags, then exit (no root needed)."
 )
 @click.option(
-    "--job", default=None, help="Job name (default: from TORCHELASTIC_RUN_ID / SLURM_JOB_ID of the target)."
+    "--job",
+    default=None,
+    help="Job name (default: the launcher's job id, else MASTER_ADDR:MASTER_PORT, else the spawning "
+    "parent's pid; see docs/probe.md).",
 )
 @click.option(
-    "--rank", type=int, default=None, help="Rank of the single target (default: RANK from its environ)."
+    "--rank",
+    type=int,
+    default=None,
+    help="Rank of the single target (default: RANK etc. in its environment now, else its NCCL communicator).",
 )
 @click.option("--host", default=None, help="Host name to report (default: this host).")
 @click.option(
@@ -162,6 +162,7 @@ def probe_cmd(
     pids: Tuple[int, ...],
     all_: bool,
     match: Optional[str],
+    wait: bool,
     interval: float,
     duration: Optional[float],
     as_json: bool,
@@ -192,6 +193,7 @@ def probe_cmd(
       sudo argus probe -p 4242                     # live table for one rank
       sudo argus probe -p 4242 -p 4243 -d 30s --json > steps.jsonl
       sudo argus probe --all --match train.py      # every rank on this host
+      sudo argus probe --all --wait --redis redis://10.0.0.5:6379/0   # a per-host service
       sudo argus probe -p 4242 --launch-steps all  # launch counts at every step (costs more)
       sudo ARGUS_REDIS_PASSWORD_FILE=/etc/argus/redis.pw argus probe --all --redis redis://10.0.0.5:6379/0
       argus probe --ebpf                           # show the BPF program, no root
@@ -214,6 +216,15 @@ def probe_cmd(
         )
     if pids and all_:
         raise UsageError("give either -p or --all, not both", "-p PID for given processes, --all for all")
+    if (match or wait) and not all_:
+        raise UsageError("--match and --wait go with --all", "e.g. sudo argus probe --all --match train.py")
+    if match:
+        try:
+            re.compile(match)
+        except re.error as e:
+            raise UsageError(
+                f"--match {match!r} is not a regular expression ({e})", "e.g. --match 'train\\.py'"
+            ) from None
     if rank is not None and len(pids) != 1:
         raise UsageError("--rank applies to exactly one -p PID", "ranks come from each process's RANK")
     try:
@@ -237,6 +248,7 @@ def probe_cmd(
         channels, opts, list(pids), all_, match, interval, duration, as_json, job, rank, host, step_fn, out
     )
     prober.py_opts = py_opts
+    prober.wait = wait
     prober.launch_window = window
     prober.gpu_metrics = not aux.get("no_gpu_metrics")
     return prober.run()
@@ -249,6 +261,7 @@ class Prober:
     gpu_metrics: bool = False  # NVML channel (argus/gpu.py)
     gpu: Optional[Any] = None
     launch_window: Optional[Tuple[int, int]] = None  # --launch-steps (argus/agent/launchwin.py)
+    wait: bool = False  # --all --wait: no match yet is no error
 
     def __init__(
         self,
@@ -273,6 +286,33 @@ class Prober:
         self.job, self.rank, self.host, self.step_fn = job, rank, host, step_fn
         self.stop = False
         self.views: Dict[int, RankView] = {}
+        self.passed: Set[int] = set()  # --all: launchers and helpers already said to be no rank
+
+    @property
+    def _python(self) -> bool:
+        return bool(self.py_opts is not None and self.py_opts.python)
+
+    def _discover(self) -> List[int]:
+        """--all: the ranks on this host now; says once why a matched process is not one."""
+        found = discover.candidates(self.match, self._python)
+        for pid in found.launchers:
+            if pid not in self.passed:
+                self.passed.add(pid)
+                self._say(
+                    f"pid {pid}: a launcher of ranks, not a rank ({identity.cmdline(pid)[:60]}): not traced"
+                )
+        for pid, of in found.helpers.items():
+            if pid not in self.passed:
+                self.passed.add(pid)
+                self._say(f"pid {pid}: a helper of pid {of} (same rank, forked from it): not traced")
+        return found.pids
+
+    def _none_found(self) -> NoSuchProcess:
+        what = f"matches {self.match!r}" if self.match else "maps libcuda, libcudart or libnccl"
+        return NoSuchProcess(
+            f"no process on this host {what} (its command line or its parent's)",
+            discover.suggestions(discover.scan(), os.getpid()) + "; --wait waits for one, -p PID names one",
+        )
 
     def _say(self, msg: str) -> None:
         click.echo(msg, err=True)
@@ -286,10 +326,15 @@ class Prober:
                 raise
             return False
         self.views[pid] = RankView(pid, ident.rank, ident.host)
+        if self.rank is not None:  # the flag wins; say so when the process says otherwise
+            own = identity.of_pid(pid, self.job, None, self.host)
+            if 0 <= own.rank != self.rank:
+                why = f"rank {own.rank} from {own.rank_why}"
+                self._say(f"warning: pid {pid}: --rank {self.rank} overrides {why}")
         libs = ", ".join(f"{lp.library.path}" for lp in t.libraries.values())
         self._say(
             f"pid {pid}: rank {ident.rank if ident.rank >= 0 else '?'} of job {ident.job} on {ident.host} "
-            f"[{libs}]"
+            f"({ident.describe()}) [{libs}]"
         )
         if "nccl" in t.libraries:
             self._say(f"pid {pid}: communicators identified from {t.layout.source}: {t.layout.note}")
@@ -298,6 +343,8 @@ class Prober:
     def run(self) -> int:
         for pid in self.pids:  # fail before compiling when a pid is not a target
             sess.inspect(pid, self.channels)
+        if self.all and not self.wait and not discover.candidates(self.match, self._python).pids:
+            raise self._none_found()
         t0 = time.monotonic()
         s = sess.Session(
             self.channels, self.opts, self.step_fn, py_opts=self.py_opts, launch_window=self.launch_window
@@ -312,7 +359,7 @@ class Prober:
             for pid in self.pids:
                 self._add(s, pid, explicit=True)
             if self.all:
-                for pid in find_candidates(self.match):
+                for pid in self._discover():
                     self._add(s, pid, explicit=False)
             chans = "+".join(c.name for c in self.channels)
             self._say(
@@ -358,11 +405,12 @@ class Prober:
                     continue
                 next_drain = now + self.interval
                 self._emit(s, live)
-                if self.all and now >= next_scan:
+                if now >= next_scan:
                     next_scan = now + 2.0
-                    for pid in find_candidates(self.match):
+                    for pid in self._discover() if self.all else ():
                         if pid not in s.targets:
                             self._add(s, pid, explicit=False)
+                    s.reread_identities(self.job, self.host)  # a script may set RANK after we attached
                 if self.duration is not None and now - start >= self.duration:
                     break
                 if not self.all and all(not t.alive for t in s.targets.values()):
@@ -393,7 +441,17 @@ class Prober:
         s.drain()
         if self.gpu is not None:
             self.gpu.sample()
-        self._output(s.steps())
+        steps = s.steps()
+        for t, old in s.take_identity_changes():
+            new = t.identity
+            v = self.views.get(t.pid)
+            if v is not None:
+                v.rank = new.rank
+            was = f"rank {old.rank}" if old.rank >= 0 else "rank ?"
+            self._say(
+                f"pid {t.pid}: rank {new.rank} of job {new.job} ({was} before; rank from {new.rank_why})"
+            )
+        self._output(steps)
         if self.as_json:
             return
         header = f"argus probe — {len(self.views)} process(es) — interval {self.interval:g} s"

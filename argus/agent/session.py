@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from argus.agent import bpfprog, clock
+from argus.agent import bpfprog, clock, identity
 from argus.agent.attachscan import AttachScans
 from argus.agent.identity import Identity
 from argus.agent.launchwin import ATTACH, DETACH, LaunchWindows
@@ -90,6 +90,9 @@ class Session:
         self._layouts: Dict[Tuple[int, int], libnccl.CommLayout] = {}
         self.scans = AttachScans()  # threads already blocked in a probed call when we attached
         self.last_record: Dict[int, Dict[int, int]] = {}  # pid -> tid -> ts of its latest ring record
+        self._identity_changes: List[Tuple[Target, Identity]] = []
+        self._added_at: Dict[int, float] = {}  # pid -> monotonic s of its first identity re-read
+        self._reread_at: Dict[int, float] = {}  # pid -> its next identity re-read, after the first minute
         bpfprog.preflight()
         self.bpf: Any = bpfprog.load(self.channels, self.opts)
         self.bpf["records"].open_ring_buffer(self._on_ring)
@@ -176,6 +179,8 @@ class Session:
             self.py.remove(pid)
         self.scans.forget(pid)
         self.last_record.pop(pid, None)
+        self._added_at.pop(pid, None)
+        self._reread_at.pop(pid, None)
 
     def _attach(self, lp: LibraryProbes) -> None:
         ident = (lp.channel.name, lp.library.inode)
@@ -338,8 +343,45 @@ class Session:
             if v:
                 self.health.drops[name] = v
 
+    def _learn_identities(self) -> None:
+        """A target without a rank from its environment takes it from the largest NCCL
+        communicator it uses, once the tracker has read one (argus/agent/identity.py)."""
+        for t in self.targets.values():
+            w = t.tracker.world_communicator()
+            new = t.identity.with_communicator(w.nranks, w.rank) if w is not None else None
+            if new is not None:
+                self._identity_changes.append((t, t.identity))
+                t.identity = t.tracker.id = new
+
+    def reread_identities(self, job: Optional[str], host: Optional[str]) -> None:
+        """Targets still without a rank from their environment or a flag: read the live environment
+        again (a spawned rank sets RANK after `import torch` mapped libnccl, so an early attach
+        sees none yet). The job id follows, since no rank of it was known. Each call for the first
+        minute of a target, then every 30 s (~1 ms a read)."""
+        now = time.monotonic()
+        for t in self.targets.values():
+            if not t.alive or t.identity.rank_from in (identity.FLAG, identity.LIVE, identity.NCCL):
+                continue
+            added = self._added_at.setdefault(t.pid, now)
+            if now - added > 60 and now < self._reread_at.get(t.pid, 0.0):
+                continue
+            self._reread_at[t.pid] = now + 30
+            try:
+                new = identity.of_pid(t.pid, job, None, host)
+            except ArgusError:
+                continue
+            if new.rank_from == identity.LIVE:
+                self._identity_changes.append((t, t.identity))
+                t.identity = t.tracker.id = new
+
+    def take_identity_changes(self) -> List[Tuple[Target, Identity]]:
+        """(target, its identity before) for each target whose identity changed since the last call."""
+        out, self._identity_changes = self._identity_changes, []
+        return out
+
     def steps(self) -> List[dict]:
         """Complete steps of every target since the last call."""
+        self._learn_identities()
         wall, err = clock.wall_offset()
         out: List[dict] = []
         for t in self.targets.values():

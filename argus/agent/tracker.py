@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from argus.agent.identity import Identity
 from argus.agent.steps import EpochSig, StepDetector
@@ -116,6 +116,7 @@ class RankTracker:
         self.epochs: Dict[int, EpochData] = {}
         self.func_names: Dict[int, str] = {}
         self.comms: Dict[int, CommInfo] = {}
+        self.called: Set[int] = set()  # communicator handles seen created or in a call
         self.identity_errors = 0  # communicator fields read from the process that made no sense
         self.split_counts: Counter = Counter()
         self.event_stream: Dict[int, int] = {}
@@ -153,6 +154,7 @@ class RankTracker:
                 self.epoch(r.h.epoch).group_ends.append(r)
         elif isinstance(r, RecNccl):
             self.epoch(r.h.epoch).nccl.append(r)
+            self.called.add(r.comm)
             if r.comm and r.comm not in self.comms:
                 self._identify(r.comm)
             if call_name(r.h.call) not in ("ncclSend", "ncclRecv") and r.comm in self.comms:
@@ -221,6 +223,14 @@ class RankTracker:
         if name == "ncclCommSplit":
             self.split_counts[r.parent] += 1
         self.comms[r.comm] = info
+        self.called.add(r.comm)
+
+    def world_communicator(self) -> Optional[CommInfo]:
+        """The largest communicator whose rank and size are known: the job's world, usually. Only
+        handles the process created or called NCCL with: a stack word taken for one at attach
+        (is_comm) may be another object whose bytes happen to make sense."""
+        known = [c for h, c in self.comms.items() if h in self.called and 0 <= c.rank < c.nranks]
+        return max(known, key=lambda c: c.nranks, default=None)
 
     def is_comm(self, addr: int) -> bool:
         """Whether `addr` looks like a communicator of this build (its rank and nRanks, read through

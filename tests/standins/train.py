@@ -245,8 +245,11 @@ class Comm:
 
 class Rank:
     def __init__(self, args: argparse.Namespace, truth: IO[str]) -> None:
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        # --rank/--world-size: what a script passes to init_process_group (nothing in the environment)
+        self.rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "0"))
+        self.world = (
+            args.world_size if args.world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
+        )
         self.local_rank = int(os.environ.get("LOCAL_RANK", str(self.rank)))
         self.job = os.environ.get("TORCHELASTIC_RUN_ID", "none")
         self.layout: str = args.layout
@@ -561,8 +564,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--inject", action="append", default=[], metavar="SPEC", help=SPEC_HELP)
     p.add_argument("--run-dir", default=".")
     p.add_argument("--gate", action="store_true", help="load the libraries, then wait for RUN_DIR/release")
+    p.add_argument("--rank", type=int, default=None, help="this rank (default: RANK)")
+    p.add_argument("--world-size", type=int, default=None, help="ranks in the job (default: WORLD_SIZE)")
     args = p.parse_args(argv)
-    rank = int(os.environ.get("RANK", "0"))
+    rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "0"))
     with open(Path(args.run_dir) / f"rank{rank}.jsonl", "a") as truth:
         try:
             r = Rank(args, truth)
