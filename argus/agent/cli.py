@@ -21,6 +21,7 @@ from argus.errors import ArgusError, NoSuchProcess, UsageError
 from argus.probes import libcuda, libcudart, libnccl
 from argus.probes.base import Channel
 
+REWATCH_S = 60.0  # how long a pid that ran exec is watched for its new program to map the libraries
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 
 
@@ -287,6 +288,7 @@ class Prober:
         self.stop = False
         self.views: Dict[int, RankView] = {}
         self.passed: Set[int] = set()  # --all: launchers and helpers already said to be no rank
+        self.rewatch: Dict[int, float] = {}  # pid that ran exec -> until when to wait for its libraries
 
     @property
     def _python(self) -> bool:
@@ -407,18 +409,41 @@ class Prober:
                 self._emit(s, live)
                 if now >= next_scan:
                     next_scan = now + 2.0
+                    for pid in s.execed():
+                        self._execed(s, pid)
+                    self._rewatch(s)
                     for pid in self._discover() if self.all else ():
                         if pid not in s.targets:
                             self._add(s, pid, explicit=False)
                     s.reread_identities(self.job, self.host)  # a script may set RANK after we attached
                 if self.duration is not None and now - start >= self.duration:
                     break
-                if not self.all and all(not t.alive for t in s.targets.values()):
+                if not self.all and not self.rewatch and all(not t.alive for t in s.targets.values()):
                     break
         finally:
             if live is not None:
                 live.stop()
         return 0
+
+    def _execed(self, s: sess.Session, pid: int) -> None:
+        """The pid runs a new program: its old image's steps are flushed, then it is a new target."""
+        s.remove(pid)
+        self._output(s.steps())  # the old image's tail
+        s.forget(pid)
+        self.views.pop(pid, None)
+        self._say(f"pid {pid} ran exec ({identity.cmdline(pid)[:60]}): tracing it as a new program")
+        if not self._add(s, pid, explicit=False):  # not mapped yet (still importing), or never
+            self.rewatch[pid] = time.monotonic() + REWATCH_S
+            self._say(f"pid {pid}: its new program maps no libcuda/libcudart/libnccl yet: watching it")
+
+    def _rewatch(self, s: sess.Session) -> None:
+        now = time.monotonic()
+        for pid, until in list(self.rewatch.items()):
+            if pid in s.targets or self._add(s, pid, explicit=False):  # (--all may have found it)
+                del self.rewatch[pid]
+            elif now > until or sess.process_gone(pid):
+                del self.rewatch[pid]
+                self._say(f"pid {pid}: its new program never mapped libcuda/libcudart/libnccl: not traced")
 
     def _emit(self, s: sess.Session, live: Optional[object]) -> None:
         gone = s.exited()

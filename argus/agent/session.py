@@ -49,6 +49,7 @@ class Target:
     alive: bool = True
     flushed: bool = False  # after exit: the tail was emitted
     layout: libnccl.CommLayout = libnccl.UNKNOWN_LAYOUT  # how its communicators are identified
+    image: Tuple[Tuple[str, int], ...] = ()  # where its libraries and vdso sit: an exec moves them
 
 
 @dataclass
@@ -125,7 +126,7 @@ class Session:
             read_mem=functools.partial(read_process, pid),
             step_fn=self.step_fn is not None,
         )
-        t = Target(pid, identity, tracker, libs, layout=layout)
+        t = Target(pid, identity, tracker, libs, layout=layout, image=image_of(pid, libs))
         if self.py is not None:
             self.py.add(pid, tracker.sections)
         # start counting epochs from where the process is (0 when new)
@@ -445,6 +446,23 @@ class Session:
                 )
         return out
 
+    def execed(self) -> List[int]:
+        """Live targets that ran exec since they were added: a new program in the same pid (its
+        address space is new: the libraries and the vdso moved, or are gone)."""
+        out = []
+        for pid, t in self.targets.items():
+            if t.alive and t.image and not process_gone(pid):
+                now = image_of(pid, t.libraries)
+                if now and now != t.image:
+                    out.append(pid)
+        return out
+
+    def forget(self, pid: int) -> None:
+        """Drop a removed target whose tail was flushed (the pid runs a new program, added anew)."""
+        t = self.targets.get(pid)
+        if t is not None and not t.alive and t.flushed:
+            del self.targets[pid]
+
     def exited(self) -> List[int]:
         """Targets whose process is gone but that are still tracked (see `reap`)."""
         return [pid for pid, t in self.targets.items() if t.alive and process_gone(pid)]
@@ -511,6 +529,22 @@ def inspect(pid: int, channels: Sequence[Channel] = ALL_CHANNELS) -> Dict[str, L
                 f"this {lp.channel.name} version is not supported yet; --no-{lp.channel.name} skips it",
             )
     return found
+
+
+def image_of(pid: int, libs: Dict[str, LibraryProbes]) -> Tuple[Tuple[str, int], ...]:
+    """(path, start) of the first mapping of each probed library and of the vdso; () if unreadable."""
+    want = {lp.library.path for lp in libs.values()} | {"[vdso]"}
+    seen: Dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                path = parts[5].strip() if len(parts) == 6 else ""
+                if path in want and path not in seen:
+                    seen[path] = int(parts[0].split("-")[0], 16)
+    except OSError:
+        return ()
+    return tuple(sorted(seen.items()))
 
 
 def process_gone(pid: int) -> bool:
