@@ -147,6 +147,7 @@ class Publisher:
         self.connected = False
         self._ever_connected = False
         self.last_error = ""
+        self._refusing = ""  # the reason Redis gave for refusing the last batch, "" when it took it
         self._last_hb: Dict[str, Heartbeat] = {}
         self._thread = threading.Thread(target=self._run, name="argus-redis", daemon=True)
 
@@ -343,6 +344,7 @@ class Publisher:
                 self._sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2.0, self.backoff_s[1])
                 continue
+            self._say_refusals(failed)
             if failed and unknown:
                 # refused now (e.g. LOADING after a restart), but the first, broken attempt may have
                 # applied them: still unknown, so they stay in the retry slot and are never dropped
@@ -356,6 +358,18 @@ class Publisher:
                 backoff = min(backoff * 2.0, self.backoff_s[1])
             else:
                 backoff = self.backoff_s[0]
+
+    def _say_refusals(self, failed: List[Entry]) -> None:
+        """Once per reason: Redis refuses writes (OOM under maxmemory, READONLY replica, ACL), and
+        when it accepts them again; the counters carry the rest."""
+        reason = self.last_error if failed else ""
+        if reason == self._refusing:
+            return
+        if reason:
+            self._on_event(f"redis: {self.conf.display} refuses summaries ({reason}); buffering, retrying")
+        else:
+            self._on_event(f"redis: {self.conf.display} accepts summaries again")
+        self._refusing = reason
 
     def _requeue(
         self, batch: List[Entry], names: List[Tuple[str, int, str]], verify: List[Tuple[str, int, str]]
