@@ -210,6 +210,17 @@ class Reader:
             if cursor in (b"0-0", "0-0") or not entries:
                 return out
 
+    def take_over(self) -> List[Message]:
+        """Every entry pending on any other consumer, however recently delivered: for the new
+        leader of a job, whose previous leader's lease lapsed (it died holding them)."""
+        saved, self.claim_idle_ms = self.claim_idle_ms, 0
+        try:
+            if not self._group_ready:
+                self.ensure_group()
+            return self.claim()
+        finally:
+            self.claim_idle_ms = saved
+
     def ack(self, ids: List[bytes]) -> None:
         if ids:
             self.stats.acked += int(self.r.xack(self.key, self.group, *ids))

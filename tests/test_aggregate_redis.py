@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, ClassVar, List
 
@@ -15,6 +16,7 @@ from argus.aggregator.engine import Engine
 from argus.aggregator.service import Aggregator, current, history, k_alert_state, k_alerts
 from argus.aggregator.webhook import Webhook
 from argus.replay import publish_all
+from argus.transport import k_steps
 from tests.aggsynth import Faults, Job, steps
 from tests.helpers import run_argus
 
@@ -73,17 +75,48 @@ def test_restart_continues_the_alert_book(redis_client: Any) -> None:
     assert {x.id: x.state for x in current(redis_client, "rk")} == {a.id: "resolved"}
 
 
-def test_two_aggregators_share_a_job(redis_client: Any) -> None:
+def test_without_a_lease_two_aggregators_split_a_job(redis_client: Any) -> None:
     items = steps(Job(job="rs", steps=30))
     publish_all(redis_client, items)
-    a1 = Aggregator(redis_client, Engine(), ["rs"], consumer="c1", count=64)
-    a2 = Aggregator(redis_client, Engine(), ["rs"], consumer="c2", count=64)
+    a1 = Aggregator(redis_client, Engine(), ["rs"], consumer="c1", count=64, lease_s=None)
+    a2 = Aggregator(redis_client, Engine(), ["rs"], consumer="c2", count=64, lease_s=None)
     for _ in range(100):
         n = a1.poll(block_ms=10) + a2.poll(block_ms=10)
         if n == 0 and a1.stats.entries + a2.stats.entries >= len(items):
             break
     assert a1.stats.entries + a2.stats.entries == len(items)
     assert a1.stats.entries > 0 and a2.stats.entries > 0
+
+
+def test_one_aggregator_leads_a_job_and_a_standby_takes_over_its_pending_entries(redis_client: Any) -> None:
+    """The leader judges the whole job; the standby reads nothing until the leader's lease lapses,
+    then claims what the leader was given and never acknowledged (it died after the engine took
+    them), and goes on: every entry judged once by the job's leader at that time, none lost."""
+    from argus.aggregator.service import k_leader
+
+    items = steps(Job(job="ha", steps=30))
+    publish_all(redis_client, items[:200])
+    said: List[str] = []
+    a1 = Aggregator(redis_client, Engine(), ["ha"], consumer="lead", count=64, lease_s=0.6)
+    a2 = Aggregator(
+        redis_client, Engine(), ["ha"], consumer="standby", count=64, lease_s=0.6, on_notice=said.append
+    )
+    a1.poll(block_ms=10)
+    a2.poll(block_ms=10)
+    assert a1.stats.entries == 64 and a2.stats.entries == 0
+    assert said == ["job ha: standing by, lead leads it"]
+    assert redis_client.get(k_leader("ha")) == b"lead"
+    unacked = a1.readers["ha"].read(block_ms=10)  # delivered to the leader, which dies before its ack
+    assert len(unacked) == 64
+    publish_all(redis_client, items[200:])
+    deadline = time.monotonic() + 10
+    while a2.stats.entries < len(items) - 64 and time.monotonic() < deadline:
+        a2.poll(block_ms=20)
+    assert a2.stats.taken_over == 64, said
+    assert a1.stats.entries + a2.stats.entries == len(items)  # 64 judged by a1, the rest by a2 once
+    assert redis_client.xpending(k_steps("ha"), "argus-aggregate")["pending"] == 0
+    assert "job ha: leading it (took over 64 pending summaries)" in said
+    assert redis_client.get(k_leader("ha")) == b"standby"
 
 
 class _Sink(BaseHTTPRequestHandler):

@@ -202,7 +202,8 @@ def test_a_newer_agents_fields_are_read_and_skipped_entries_are_said(
     while agg.poll(block_ms=50):
         pass
     assert agg.stats.entries == len(good) and agg.stats.heartbeats == 1
-    assert lines and lines[0].startswith("WARNING: skipped 3 malformed entries"), lines
+    assert lines[0] == f"job {JOB}: leading it (took over 0 pending summaries)", lines
+    assert lines[1].startswith("WARNING: skipped 3 malformed entries"), lines
     assert any("step:zz" in x for x in lines), lines
 
     svg = tmp_path / "top.svg"

@@ -180,6 +180,15 @@ def _client(url: str) -> object:
     "--group", default="argus-aggregate", show_default=True, help="Consumer group (shared by aggregators)."
 )
 @click.option("--consumer", default=None, help="This aggregator's consumer name (default: host:pid).")
+@click.option(
+    "--lease",
+    type=float,
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="One aggregator leads each job; others stand by and take over (with its pending summaries) "
+    "this long after the leader stops renewing. 0: no leader, aggregators split each job's summaries.",
+)
 @click.option("-d", "--duration", type=float, default=None, metavar="SECONDS", help="Stop after this long.")
 @click.option("--phases", metavar="NAMES", help="Names of timer0, timer1, ... for alert texts.")
 @click.option("--comm-phases", metavar="LIST", help="Phases that time communication (default: from streams).")
@@ -192,6 +201,7 @@ def aggregate_cmd(
     jobs: Tuple[str, ...],
     group: str,
     consumer: Optional[str],
+    lease: float,
     duration: Optional[float],
     phases: Optional[str],
     comm_phases: Optional[str],
@@ -200,14 +210,16 @@ def aggregate_cmd(
 ) -> int:
     """Diagnose jobs live: read summaries from Redis, publish alerts (stream, channel, state).
 
-    Reads each job's summaries through a consumer group (several aggregators may share it; a
-    restarted one resumes where it stopped), aligns ranks per step, runs every diagnosis level and
-    writes each alert transition to argus:{JOB}:alerts (stream and pub/sub channel) and the current
-    state to argus:{JOB}:alert_state. Credentials: ARGUS_REDIS_PASSWORD(_FILE), never in the URL.
+    Reads each job's summaries through a consumer group (a restarted aggregator resumes where it
+    stopped; of several, one leads each job and the others stand by to take over), aligns ranks
+    per step, runs every diagnosis level and writes each alert transition to argus:{JOB}:alerts
+    (stream and pub/sub channel) and the current state to argus:{JOB}:alert_state. Credentials:
+    ARGUS_REDIS_PASSWORD(_FILE), never in the URL.
 
     \b
     Examples:
       argus aggregate --redis redis://127.0.0.1:6379/0
+      argus aggregate --redis redis://127.0.0.1:6379/0 --consumer standby-1   # a second one, on standby
       argus aggregate --redis redis://10.0.0.5:6379/0 --job run-42 --phases fwd,bwd,opt,grad_sync
     """
     import signal
@@ -233,6 +245,7 @@ def aggregate_cmd(
         consumer,
         on_alert=show,
         on_notice=lambda line: click.echo(line, err=True),
+        lease_s=lease if lease > 0 else None,
     )
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))

@@ -7,17 +7,26 @@ Keys (hash-tagged per job like argus.transport's):
 * ``argus:{JOB}:alerts``  pub/sub channel, the same JSON;
 * ``argus:{JOB}:alert_state``  hash: alert id -> its latest JSON (what `argus alerts` shows now).
 
+* ``argus:{JOB}:leader``  the consumer that leads the job now (a lease, ``SET NX PX``).
+
 Crash safety comes from the consumer group (argus.reader): entries are acknowledged only after the
 engine took them, and a restarted aggregator first re-reads what it was given and never
 acknowledged; its alert book is reloaded from the state hash, so an alert that was firing resolves
 properly once its condition is gone. The engine's rolling state is rebuilt from new steps (a few
 steps of warm-up).
+
+One aggregator leads each job: a diagnosis compares every rank of a step, so two aggregators that
+split a job's entries between them would each judge half a job. Others stand by; the leader renews
+its lease every third of it, and when the lease lapses (the leader died or stalled) a standby takes
+it, claims every entry still pending on the old leader, reloads the alert book, and goes on.
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -27,6 +36,12 @@ from argus.aggregator.engine import Engine
 from argus.errors import RedisUnavailable
 
 ALERTS_MAXLEN = 10_000
+LEASE_S = 10.0  # a job's leader lease; a standby takes over this long after the leader stops renewing
+# renew the lease only if it is still ours (a stalled leader must not extend its successor's)
+_RENEW = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then "
+    "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
+)
 
 
 def tune_gc() -> None:
@@ -43,6 +58,10 @@ def k_alerts(job: str) -> str:
 
 def k_alert_state(job: str) -> str:
     return f"argus:{{{job}}}:alert_state"
+
+
+def k_leader(job: str) -> str:
+    return f"argus:{{{job}}}:leader"
 
 
 def alert_json(a: Alert) -> bytes:
@@ -68,6 +87,7 @@ class ServiceStats:
     entries: int = 0
     heartbeats: int = 0
     published: int = 0
+    taken_over: int = 0  # entries claimed from a previous leader
     cpu_s: float = 0.0
     by_job: Dict[str, int] = field(default_factory=dict)
 
@@ -85,6 +105,7 @@ class Aggregator:
         count: int = 1024,
         on_alert: Optional[Callable[[Alert], None]] = None,
         on_notice: Optional[Callable[[str], None]] = None,
+        lease_s: Optional[float] = LEASE_S,
     ) -> None:
         from argus import reader
 
@@ -92,7 +113,10 @@ class Aggregator:
         self.engine = engine
         self.fixed_jobs = jobs
         self.group = group
-        self.consumer = consumer
+        self.consumer = consumer or f"{socket.gethostname()}:{os.getpid()}"
+        self.lease_s = lease_s  # None: no leadership (every aggregator reads its share)
+        self._leading: Dict[str, bool] = {}
+        self._lease_check: Dict[str, float] = {}
         self.count = count
         self.on_alert = on_alert
         self.on_notice = on_notice  # lines about entries skipped as malformed or from a newer agent
@@ -136,13 +160,73 @@ class Aggregator:
             if a is not None and a.job == job and a.id not in self.engine.book.alerts:
                 self.engine.book.alerts[a.id] = a
 
+    # ---- leadership ----------------------------------------------------------------------------------
+
+    def _lead(self, job: str) -> bool:
+        """Whether this aggregator leads `job` now (taking the lease when it is free)."""
+        if self.lease_s is None:
+            return True
+        now = time.monotonic()
+        was = self._leading.get(job)
+        if was is not None and now < self._lease_check.get(job, 0.0):
+            return was
+        self._lease_check[job] = now + self.lease_s / 3
+        key, px = k_leader(job), int(self.lease_s * 1000)
+        try:
+            if was:
+                if self.r.eval(_RENEW, 1, key, self.consumer, px):
+                    return True
+                self._say(
+                    f"job {job}: lost the lead (stalled past its {self.lease_s:g} s lease), standing by"
+                )
+                self._leading[job] = False
+                return False
+            elif self.r.set(key, self.consumer, nx=True, px=px):
+                self._leading[job] = True
+                self._take_over(job)
+                return True
+            holder = self.r.get(key)
+            who = holder.decode("utf-8", "replace") if isinstance(holder, bytes) else "another aggregator"
+            if who == self.consumer:  # restarted under the same name within its lease: still ours
+                self.r.eval(_RENEW, 1, key, self.consumer, px)
+                self._leading[job] = True
+                self._take_over(job)
+                return True
+        except Exception as e:  # redis errors, without importing redis at module load
+            raise self._unavailable(e) from None
+        if was is None:
+            self._say(f"job {job}: standing by, {who} leads it")
+        self._leading[job] = False
+        return False
+
+    def _take_over(self, job: str) -> None:
+        """Just became the leader: the previous one's unacknowledged entries are ours now."""
+        rd = self._reader(job)
+        self._reload(job)
+        msgs = rd.take_over()
+        out: List[Alert] = []
+        for m in msgs:
+            out += self.engine.add(m.step)
+        if msgs:
+            rd.ack([m.id for m in msgs])
+        self.stats.taken_over += len(msgs)
+        self.stats.entries += len(msgs)
+        self._publish(job, out)
+        self._say(f"job {job}: leading it (took over {len(msgs)} pending summaries)")
+
+    def _say(self, line: str) -> None:
+        if self.on_notice is not None:
+            self.on_notice(line)
+
     # ---- the loop ------------------------------------------------------------------------------------
 
     def poll(self, block_ms: int = 200) -> int:
         """One round over the jobs: new summaries (and heartbeats every second). Returns entries."""
         t0 = time.process_time()
         n = 0
-        jobs = self.jobs()
+        jobs = [j for j in self.jobs() if self._lead(j)]
+        if not jobs:
+            time.sleep(block_ms / 1000)  # standing by for every job
         for job in jobs:
             rd = self._reader(job)
             try:
