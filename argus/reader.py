@@ -68,6 +68,11 @@ def _rejected(stats: ReaderStats, job: str) -> Tuple[str, str]:
     reasons = ", ".join(f"{r} {c}" for r, c in sorted(stats.rejected.items(), key=lambda x: -x[1]))
     if set(stats.rejected) <= {"version", "heartbeat:version"}:
         return reasons, "a newer argus wrote them (another schema version): upgrade this reader"
+    if set(stats.rejected) <= {"other-job", "heartbeat:other-job"}:
+        return reasons, (
+            f"an agent writes another job's summaries into argus:{{{job}}}:*: check the agents' --job "
+            "and the Redis ACL that should confine each agent to its job's keys"
+        )
     return reasons, (
         f"something other than argus writes to argus:{job}:*, or the data was damaged; "
         f"look with: redis-cli XRANGE {k_steps(job)} - + COUNT 3"
@@ -271,6 +276,9 @@ class Reader:
         except wire.WireError as e:
             self._reject(e.reason, eid, drop)
             return None
+        if rs.job != self.job:  # in another job's stream: a misconfigured or forged writer
+            self._reject("other-job", eid, drop)
+            return None
         if ignored and not again:  # counted once, not again when kernel names are resolved
             self.stats.ignore(ignored)
         return rs
@@ -331,11 +339,16 @@ def heartbeats(
     for eid, fields in client.xrange(k_hb(job), min=since, count=count):
         ignored: Set[str] = set()
         try:
-            out.append((eid, wire.decode_heartbeat((fields or {}).get(b"d"), ignored)))
+            hb = wire.decode_heartbeat((fields or {}).get(b"d"), ignored)
         except wire.WireError as e:
             if stats is not None:
                 stats.reject(f"heartbeat:{e.reason}")
             continue
+        if hb.job != job:
+            if stats is not None:
+                stats.reject("heartbeat:other-job")
+            continue
+        out.append((eid, hb))
         if stats is not None and ignored:
             stats.ignore(ignored)
     return out

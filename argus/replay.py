@@ -9,7 +9,6 @@ replay never drops: it waits for Redis (pipelined, in batches), since nobody is 
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import sys
@@ -23,7 +22,7 @@ import click
 from argus import redisconf, wire
 from argus.errors import BadData, RedisUnavailable, UsageError
 from argus.kde import compress
-from argus.schema import CommStep, RankStep, from_probe
+from argus.schema import PARSE_ERRORS, CommStep, RankStep, from_probe, parse_line
 from argus.transport import K_JOBS, STEPS_MAXLEN, write_names, write_steps
 
 # (name, launches per layer per step): long, realistic names (interning matters for the budget)
@@ -170,8 +169,8 @@ def load_jsonl(f: IO[str], name: str = "FILE") -> Iterator[RankStep]:
         if not line.strip():
             continue
         try:
-            yield from_probe(json.loads(line))
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+            yield from_probe(parse_line(line))
+        except PARSE_ERRORS as e:
             raise BadData(
                 f"{name}:{n}: not an `argus probe --json` summary ({type(e).__name__}: {e})"[:300],
                 "record it with: sudo argus probe -p PID --json > steps.jsonl",

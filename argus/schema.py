@@ -16,8 +16,9 @@ judged as outliers like the GPU timers.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from argus.kde import Cluster, compress
 
@@ -125,6 +126,23 @@ def _clusters_from_log2_hist(hist: Dict[str, int]) -> List[Cluster]:
 # KDE clusters of these small groups reconstruct with 26-28% W1 error and cost 3 ms of agent CPU
 # per group, so clusters are only computed for groups too large to ship one by one.
 MIN_CLUSTER_SAMPLES = 1024
+
+
+# What a hostile or broken `argus probe --json` line can make json.loads/from_probe raise: every
+# JSONL reader turns exactly these into its one-line BadData (a JSON array where an object belongs:
+# AttributeError; "[[[[...": RecursionError; 1e999 as an int: OverflowError).
+PARSE_ERRORS = (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError, RecursionError)
+MAX_LINE = 16 << 20  # bytes of one JSONL line read at most: a summary is a few KiB
+
+
+def parse_line(line: str) -> Dict[str, Any]:
+    """One JSONL line as an object; raises one of PARSE_ERRORS when it is not one."""
+    if len(line) > MAX_LINE:
+        raise ValueError(f"line of {len(line)} bytes (at most {MAX_LINE})")
+    d = json.loads(line)
+    if not isinstance(d, dict):
+        raise TypeError(f"a JSON {type(d).__name__}, not an object")
+    return d
 
 
 def from_probe(d: dict) -> RankStep:

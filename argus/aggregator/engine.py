@@ -12,7 +12,6 @@ the state kept per job is bounded by `Thresholds.window` steps.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +30,7 @@ from argus.aggregator.l3 import L3
 from argus.aggregator.robust import median
 from argus.aggregator.state import Aligner, Frame, Groups
 from argus.errors import BadData
-from argus.schema import Heartbeat, InFlight, RankStep, from_probe
+from argus.schema import PARSE_ERRORS, Heartbeat, InFlight, RankStep, from_probe, parse_line
 
 Item = Union[RankStep, Heartbeat]
 STEP_KINDS = {
@@ -72,16 +71,16 @@ class JsonlSource:
                 if not line:
                     continue
                 try:
-                    d = json.loads(line)
+                    d = parse_line(line)
                     if "heartbeat" in d:
                         yield heartbeat_from_json(d["heartbeat"])
                     elif d.get("step") is None:
                         self.skipped += 1
                     else:
                         yield from_probe(d)
-                except (ValueError, KeyError, TypeError) as e:
+                except PARSE_ERRORS as e:
                     raise BadData(
-                        f"{self.path}:{n}: not an argus probe summary ({type(e).__name__}: {e})",
+                        f"{self.path}:{n}: not an argus probe summary ({type(e).__name__}: {e})"[:300],
                         "give the output of `argus probe --json` (one JSON object per line)",
                     ) from None
 
