@@ -7,6 +7,7 @@ tests/test_attach_late_e2e.py.)"""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -110,8 +111,30 @@ def test_hang_names_the_missing_rank_and_sequence(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("layout,steps", [("dp", 300), ("pp-dp", 150)])
 def test_clean_run_raises_no_alert(layout: str, steps: int, tmp_path: Path) -> None:
+    """No alert names a rank; a job-level step-time alert only where the job's own clock (the
+    trainer's step records) slowed as much: on this shared 2-core VM the whole job sometimes does
+    slow down (CPU steal), and saying so is right."""
     c = collect_steps(SimConfig(ranks=8, steps=steps, layout=layout, preset="small", run_dir=str(tmp_path)))
     eng, fired = feed(c)
     assert eng.stats.steps_judged >= steps - 3
     ev = json.dumps([a.evidence for a, _ in fired], default=str)
-    assert [(a.kind, a.ranks, s) for a, s in fired] == [], ev
+    unjustified = [
+        (a.kind, a.ranks, s, round(_truth_ratio(c, *a.steps), 2))
+        for a, s in fired
+        if a.ranks or a.kind not in ("step_regression", "step_spike") or _truth_ratio(c, *a.steps) < 1.15
+    ]
+    assert unjustified == [], ev
+    for a, _s in fired:
+        print(f"\n{a.kind} steps {a.steps}: the trainer's own steps slowed {_truth_ratio(c, *a.steps):.2f}x")
+
+
+def _truth_ratio(c: Collected, first: int, last: int) -> float:
+    """The job's step time (slowest rank, from the trainer's records) over steps first..last, over
+    the 30 steps before."""
+    per: dict = {}
+    for rs in c.job.ranks.values():
+        for r in rs.records:
+            per[r["step"]] = max(per.get(r["step"], 0), r["end_ns"] - r["start_ns"])
+    during = [per[s] for s in range(first, last + 1) if s in per]
+    before = [per[s] for s in range(first - 30, first) if s in per]
+    return statistics.median(during) / statistics.median(before) if during and before else 0.0

@@ -48,7 +48,10 @@ def test_async_allreduce_returns_before_peer_and_late_rank_delays_completion(tmp
 
 def test_event_elapsed_time_is_the_modelled_gpu_time(tmp_path: Path) -> None:
     res = pair("elapsed", tmp_path, ranks=1)
-    assert res[0]["elapsed_ms"] == pytest.approx(50.0, rel=1e-3)
+    # the kernel's modelled 50 ms, plus the host's delay between recording the start event and
+    # launching on the idle stream (the virtual GPU clock starts the kernel then): tens of µs,
+    # a few ms at most on a loaded 2-core machine
+    assert 49.95 <= res[0]["elapsed_ms"] <= 52.0, res
 
 
 def test_hang_really_blocks_until_the_peer_arrives(tmp_path: Path) -> None:

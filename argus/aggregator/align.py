@@ -250,11 +250,14 @@ class RankAlign:
     since_end: int = 0  # the job's newest step end when its summaries started waiting for alignment
     # own comm key -> (job step, first own sequence number, instances) of its last aligned step
     seqpos: Dict[str, Tuple[int, int, int]] = field(default_factory=dict)
+    last: Optional[Tuple[int, int, str, int]] = None  # (own step, end ns, host, pid) of its newest summary
 
 
 @dataclass
 class AlignStats:
     realigned: int = 0
+    restarted: int = 0  # a rank's own numbering began again (its agent restarted, or a new pid)
+    extrapolated: int = 0  # aligned by the job's step time past a gap no aligned rank covers
     pending_dropped: int = 0
     clock_refused: int = 0
 
@@ -288,6 +291,7 @@ class JobAlign:
         self.durations.append(rs.duration_ns)
         self.newest = max(self.newest, rs.end_ns)
         out: List[RankStep] = []
+        self._restart(ra, rs)
         if ra.offset is None:
             if not ra.pending:
                 ra.since_end = max(self.newest, rs.end_ns)
@@ -355,9 +359,41 @@ class JobAlign:
         own = [(x.step or 0, x.end_ns) for x in ra.pending]
         off, res, why = fit_offset(own, self._ref(), tol, min_n=min(self.p.min_steps, len(own)))
         if off is None:
-            ra.why_not = why
+            ext = self._extrapolate(ra, step)
+            if ext is None:
+                ra.why_not = why
+                return
+            self.stats.extrapolated += 1
+            self._aligned(ra, ext, "extrapolated", 0.0, tol)
             return
         self._aligned(ra, off, "time", res, tol)
+
+    def _restart(self, ra: RankAlign, rs: RankStep) -> None:
+        """A rank whose own step numbers go back while its time goes on, or that another process
+        or host now publishes: its agent restarted (ordinals from 0 again) or the rank did. Its old
+        offset means nothing now: it is aligned afresh."""
+        last, ra.last = ra.last, (rs.step or 0, rs.end_ns, rs.host, rs.pid)
+        if last is None or ra.offset is None or (ra.method == "nccl-seq" and rs.step_source == "nccl-seq"):
+            return
+        went_back = (rs.step or 0) < last[0] and rs.end_ns > last[1]
+        if went_back or (rs.host, rs.pid) != (last[2], last[3]):
+            self.stats.restarted += 1
+            ra.offset, ra.method, ra.misfits = None, "", 0
+            ra.why_not = "its own step numbers began again (agent or rank restarted): aligning it afresh"
+
+    def _extrapolate(self, ra: RankAlign, step_ns: float) -> Optional[int]:
+        """No aligned rank has ended a step near this rank's (every rank's agent restarted, or it
+        is the only one): put its first pending step at the job's newest step plus the steps the
+        job's step time fits in between. Never into the past."""
+        ref = self._ref()
+        if not ref or step_ns <= 0:
+            return None
+        top = max(ref)
+        first = ra.pending[0]
+        if first.end_ns <= ref[top] + 2 * step_ns:  # the reference covers it: time fitting decides
+            return None
+        g = top + max(1, round((first.end_ns - ref[top]) / step_ns))
+        return g - (first.step or 0)
 
     def _aligned(self, ra: RankAlign, off: int, method: str, res: float, tol: float) -> None:
         ra.offset, ra.method, ra.residual_ns, ra.tol_ns, ra.why_not, ra.misfits = off, method, res, tol, "", 0
@@ -487,4 +523,6 @@ class JobAlign:
             "unmatched_comms": len(self.comms.waiting),
             "notes": list(self.comms.notes),
             "realigned": self.stats.realigned,
+            "restarted": self.stats.restarted,
+            "extrapolated": self.stats.extrapolated,
         }

@@ -134,6 +134,25 @@ class JobDiag:
     colls: Deque[float] = field(default_factory=lambda: deque(maxlen=32))  # collectives per rank-step
     # recent Python-channel phases per rank (explanations only: sampled, never judged)
     py: Dict[int, Deque[Dict[str, int]]] = field(default_factory=dict)
+    # steps a rank that had reported sent nothing for (an agent restarted, summaries lost): said,
+    # never filled in. (rank, first missing job step, last), and the open ones: rank -> first
+    gaps: Deque[Tuple[int, int, int]] = field(default_factory=lambda: deque(maxlen=256))
+    absent: Dict[int, int] = field(default_factory=dict)
+    reported: Set[int] = field(default_factory=set)
+
+    def track_gaps(self, step: int, present: Set[int]) -> None:
+        """Before `last_step` moves to `step`: job steps skipped since it are missing for every rank
+        that had reported (no rank published them: all agents restarted, or all were lost)."""
+        if self.last_step >= 0 and step > self.last_step + 1:
+            for r in self.reported:
+                self.absent.setdefault(r, self.last_step + 1)
+        for r in present:
+            first = self.absent.pop(r, None)
+            if first is not None:
+                self.gaps.append((r, first, step - 1))
+        for r in self.reported - present:
+            self.absent.setdefault(r, step)
+        self.reported |= present
 
 
 def _steps_spanned(d: JobDiag, ranks: Dict[int, RankStep]) -> float:
@@ -291,6 +310,7 @@ class Engine:
         if not ranks:
             return []
         self.stats.steps_judged += 1
+        d.track_gaps(frame.step, set(ranks))
         d.judged += 1
         d.last_step = frame.step
         if d.first_step < 0:

@@ -97,6 +97,7 @@ def report_data(
                 "judged": d.judged,
                 "warmup": engine.th.warmup_steps if d.align.absolute else engine.th.attach_warmup_steps,
                 "alignment": d.align.summary(),
+                "gaps": [list(g) for g in d.gaps] + [[r, s, None] for r, s in sorted(d.absent.items())],
                 "median_step_ms": round(d.l1.median_step() / 1e6, 2),
                 "alerts": [a.to_json() for a in alerts],
                 "l1": [
@@ -151,6 +152,18 @@ def report_text(data: Dict[str, Any], steps: Optional[Tuple[int, int]] = None) -
                 lines.append(f"  rank {r} not aligned: {why}")
             for note in al["notes"]:
                 lines.append(f"  note: {note}")
+            if al.get("restarted"):
+                how = (
+                    f"; {al['extrapolated']} placed by the job's step time (no rank ran through the gap)"
+                    if al.get("extrapolated")
+                    else ""
+                )
+                lines.append(
+                    f"  {al['restarted']} rank(s) began their own step numbers again (agent restarted){how}"
+                )
+        for r, a, b in j.get("gaps", []):
+            span = f"job steps {a}–{b}, then resumed" if b is not None else f"any job step since {a}"
+            lines.append(f"  gap: rank {r} sent no summary for {span} (lost, or its agent restarted)")
         lines.append("")
         alerts = j["alerts"]
         if not alerts:

@@ -17,7 +17,7 @@ from typing import Dict, List, Tuple
 import pytest
 
 from tests import families
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, run_argus
 from tests.probing import ProbeProc
 
 
@@ -118,3 +118,46 @@ def test_no_pickle_eval_or_exec_in_the_product() -> None:
             ):
                 found.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno} calls {node.func.id}")
     assert found == []
+
+
+@pytest.mark.bpf
+@pytest.mark.redis
+@pytest.mark.timeout(240)
+def test_a_restarted_agent_resumes_publishing_and_the_gap_is_reported(redis_url: str) -> None:
+    """The agent is killed and another started: the new one publishes the same ranks again (its
+    ordinals start anew; the aggregator puts them on the job's steps by time), and the steps
+    nobody published are said by `argus diagnose` as a gap per rank, not hidden."""
+    job = families.start_job("sim", 2, 3000, "dp")
+    try:
+        families.wait_step(job, 20)
+        pids = list(job.pids.values())
+        first = ProbeProc(pids, "--redis", redis_url, "--no-python")
+        first.wait_for("redis: connected")
+        time.sleep(5)
+        first.proc.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        time.sleep(3)
+        second = ProbeProc(pids, "--redis", redis_url, "--no-python", "-d", "8s")
+        assert second.wait(timeout=120) == 0, second.stderr
+        res = run_argus("diagnose", "--redis", redis_url, "--job", families.job_id(job), timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert "2 rank(s) began their own step numbers again (agent restarted)" in res.stdout, res.stdout
+        gaps = [line for line in res.stdout.splitlines() if "gap: rank" in line]
+        assert len(gaps) == 2, res.stdout
+        # the truth: trainer steps that ran after the first agent's last summary and before the
+        # second's first (the killed agent's unsent steps, the outage, the new one's attach)
+        times = families.step_times(job)
+        for line in gaps:
+            m = re.search(r"gap: rank (\d+) sent no summary for job steps (\d+)–(\d+), then resumed", line)
+            assert m is not None, line
+            rank, missing = int(m.group(1)), int(m.group(3)) - int(m.group(2)) + 1
+            last = max(d["end_ns"] for d in first.steps() if d["rank"] == rank and d.get("step") is not None)
+            nxt = min(
+                d["start_ns"] for d in second.steps() if d["rank"] == rank and d.get("step") is not None
+            )
+            truth = sum(1 for _s, a, b in times[rank] if a >= last - 2_000_000 and b <= nxt + 2_000_000)
+            assert abs(missing - truth) <= 2, (line, truth)
+        assert {int(re.search(r"rank (\d+)", line).group(1)) for line in gaps} == {0, 1}  # type: ignore[union-attr]
+        print("\n" + "\n".join(gaps) + f"\n(trainer steps in the gap: {truth})")
+    finally:
+        job.stop()
