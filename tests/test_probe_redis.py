@@ -92,6 +92,22 @@ def job_step_times(job: SimJob, lo_ns: int, hi_ns: int) -> List[float]:
     return list(per.values())
 
 
+def probe_into_redis(job: SimJob, url: str, read_url: str, buffer: int = 120) -> ProbeProc:
+    """A gated job's probe publishing to `url` (`--redis-buffer buffer`), released, returned once
+    60 of its summaries are in Redis (read at `read_url`)."""
+    job.wait_loaded()  # attach before the first CUDA call, then let the job run
+    probe = ProbeProc(job.pids.values(), "--redis", url, "--redis-buffer", str(buffer))
+    probe.wait_for("redis: connected", timeout=120)
+    job.release()
+    client = redis.Redis.from_url(read_url)
+    deadline = time.monotonic() + 30
+    while client.xlen(k_steps(f"sim-{job.run_id}")) < 60:
+        assert time.monotonic() < deadline, probe.stderr
+        time.sleep(0.1)
+    client.close()
+    return probe
+
+
 def test_redis_killed_mid_run_and_restarted(tmp_path: Path) -> None:
     srv = RedisProc(tmp_path / "redis", durable=True).start()  # what Redis acknowledged survives the kill
     cfg = SimConfig(ranks=4, steps=300, preset="small", run_dir=str(tmp_path / "job"), gate=True)
@@ -99,17 +115,8 @@ def test_redis_killed_mid_run_and_restarted(tmp_path: Path) -> None:
     probe: Optional[ProbeProc] = None
     job_id = f"sim-{job.run_id}"
     try:
-        job.wait_loaded()  # attach before the first CUDA call, then let the ~20 s job run
         # 120: the ~7 s outage (~430 summaries) overflows it; one drain's burst (~60) does not
-        probe = ProbeProc(job.pids.values(), "--redis", srv.url, "--redis-buffer", "120")
-        probe.wait_for("redis: connected", timeout=120)
-        job.release()
-        client = redis.Redis.from_url(srv.url)
-        deadline = time.monotonic() + 30
-        while client.xlen(k_steps(job_id)) < 60:
-            assert time.monotonic() < deadline, probe.stderr
-            time.sleep(0.1)
-        client.close()
+        probe = probe_into_redis(job, srv.url, srv.url)
         t_up = time.monotonic_ns()
         srv.kill()
         t_kill = time.monotonic_ns()

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from argus.errors import NoSuchProcess, PermissionDenied
+from argus.probes.base import host_path
 from argus.probes.elf import Elf, ElfError
 
 # where the rank came from, strongest first (see the module doc)
@@ -302,9 +303,7 @@ def read_live_environ(pid: int) -> Optional[Dict[str, str]]:
         return None
     try:
         for base, path in _environ_sites(pid):
-            host = f"/proc/{pid}/root{path}"
-            if not os.path.exists(host):
-                host = path
+            host = host_path(pid, path)
             try:
                 st = os.stat(host)
             except OSError:

@@ -100,6 +100,13 @@ def _maps(pid: int) -> str:
         ) from None
 
 
+def host_path(pid: int, path: str) -> str:
+    """Where the agent opens a file the process maps: through its root (the process may live in
+    another mount namespace), else as named."""
+    host = f"/proc/{pid}/root{path}"
+    return host if os.path.exists(host) else path
+
+
 def find_library(pid: int, pattern: str) -> Optional[MappedLibrary]:
     """The first mapped file of `pid` whose basename matches `pattern` (regex, full match)."""
     rx = re.compile(pattern)
@@ -110,10 +117,7 @@ def find_library(pid: int, pattern: str) -> Optional[MappedLibrary]:
         path = parts[5].strip()
         if path.endswith(" (deleted)") or not rx.fullmatch(os.path.basename(path)):
             continue
-        # the process may live in another mount namespace: open through its root
-        host = f"/proc/{pid}/root{path}"
-        if not os.path.exists(host):
-            host = path
+        host = host_path(pid, path)
         try:
             st = os.stat(host)
         except OSError:

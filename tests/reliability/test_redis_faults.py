@@ -20,11 +20,10 @@ import redis
 
 from argus import reader
 from argus.sim.launcher import SimConfig, SimJob
-from argus.transport import k_steps
 from tests.latencyproxy import LatencyProxy
 from tests.probing import ProbeProc
 from tests.redisproc import RedisProc
-from tests.test_probe_redis import counters, job_step_times, key_of_json
+from tests.test_probe_redis import counters, job_step_times, key_of_json, probe_into_redis
 
 pytestmark = [pytest.mark.bpf, pytest.mark.redis, pytest.mark.timeout(240)]
 
@@ -64,17 +63,8 @@ def test_redis_fault_mid_run_loses_exactly_what_is_counted(tmp_path: Path, fault
     job_id = f"sim-{job.run_id}"
     probe: Optional[ProbeProc] = None
     try:
-        job.wait_loaded()
         # 120: the ~4 s outage (~250 summaries) overflows it; one drain's burst (~60) does not
-        probe = ProbeProc(job.pids.values(), "--redis", url, "--redis-buffer", "120")
-        probe.wait_for("redis: connected", timeout=120)
-        job.release()
-        client = redis.Redis.from_url(srv.url)
-        deadline = time.monotonic() + 30
-        while client.xlen(k_steps(job_id)) < 60:
-            assert time.monotonic() < deadline, probe.stderr
-            time.sleep(0.1)
-        client.close()
+        probe = probe_into_redis(job, url, srv.url)
         t_break = time.monotonic_ns()
         brk()
         time.sleep(OUTAGE_S)
