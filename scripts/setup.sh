@@ -4,7 +4,7 @@
 #     sudo scripts/setup.sh
 #
 # Prints one line per step: "ok: ..." when nothing had to be done, otherwise what it did
-# ("installed: ...", "linked: ...", "mounted: ...", "created: ...", "stopped: ...").
+# ("installed: ...", "linked: ...", "mounted: ...", "created: ...", "stopped: ...", "changed: ...").
 # A second run prints only "ok:" lines and takes about a second.
 set -euo pipefail
 
@@ -206,6 +206,19 @@ setup_trace_viewer() {
     fi
 }
 
+# --- 7. the BPF code root loads ------------------------------------------------------------------
+# The agent refuses to load BPF C that a user other than root (or the checkout's owner) could change
+# (argus/agent/privs.py): a checkout made under umask 002 has it group-writable.
+protect_bpf_code() {
+    local dir=$REPO_ROOT/argus/bpf
+    if [[ -z $(find "$dir" -perm /022 -print -quit) ]]; then
+        echo "ok: $dir writable by its owner only"
+        return
+    fi
+    chmod -R go-w "$dir"
+    echo "changed: chmod -R go-w $dir (the agent refuses BPF code others could change)"
+}
+
 main() {
     install_packages
     install_browser
@@ -216,6 +229,7 @@ main() {
     setup_venv
     setup_torch
     setup_trace_viewer
+    protect_bpf_code
 }
 
 if [[ ${BASH_SOURCE[0]} == "$0" ]]; then # not when sourced (to test one step)

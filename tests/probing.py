@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Mapping, Optional
 
 from argus.sim.launcher import SimConfig, SimJob
 from tests.helpers import REPO_ROOT, argus_env, sigint_as_at_a_terminal
@@ -17,7 +17,7 @@ from tests.helpers import REPO_ROOT, argus_env, sigint_as_at_a_terminal
 class ProbeProc:
     """`argus probe -p ... --json` in the background, stdout/stderr read by threads."""
 
-    def __init__(self, pids: Iterable[int], *extra: str) -> None:
+    def __init__(self, pids: Iterable[int], *extra: str, env: Optional[Mapping[str, str]] = None) -> None:
         args = [sys.executable, "-m", "argus", "probe", "--json", "-i", "0.5s"]
         for p in pids:
             args += ["-p", str(p)]
@@ -27,7 +27,7 @@ class ProbeProc:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=argus_env(),
+            env=argus_env(env),
             cwd=str(REPO_ROOT),
             preexec_fn=sigint_as_at_a_terminal,  # tests Ctrl-C it
         )

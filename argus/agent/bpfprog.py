@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator, List, Sequence
 
 from argus import hostfacts
+from argus.agent import privs
 from argus.errors import EnvironmentProblem, PermissionDenied
 from argus.probes.base import Channel, call_cflags
 
@@ -162,6 +163,8 @@ def fix_uprobe_abi() -> None:
 def load(channels: Sequence[Channel], opts: BpfOptions) -> Any:
     from bcc import BPF
 
+    # root runs this code in the kernel: no one else may be able to change it (argus/agent/privs.py)
+    privs.check_trusted(BPF_DIR, sorted(p.name for p in BPF_DIR.iterdir() if p.is_file()))
     fix_uprobe_abi()
     with _capture_stderr() as err:
         try:

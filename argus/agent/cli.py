@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 import click
 
 from argus import redisconf
-from argus.agent import bpfprog, discover, identity, launchwin, pyopts
+from argus.agent import bpfprog, discover, identity, launchwin, privs, pyopts
 from argus.agent import session as sess
 from argus.agent.redisout import RedisOut
 from argus.agent.render import RankView, render
@@ -375,6 +375,7 @@ class Prober:
                 )
             for w in s.health.warnings:
                 self._say(f"warning: {w}")
+            self._drop_capabilities()  # before any thread of ours starts: capabilities are per thread
             if self.redis is not None:
                 self.redis.start()  # unreachable Redis: a warning from its thread, and retries
             return self._loop(s)
@@ -382,6 +383,14 @@ class Prober:
             return 0
         finally:
             self._finish(s)
+
+    def _drop_capabilities(self) -> None:
+        """Keep only what attaching to ranks found later needs (argus/agent/privs.py)."""
+        d = privs.drop_capabilities()
+        self._say(d.describe())
+        if d.error is None:
+            for tid in privs.threads_above(d.after):
+                self._say(f"warning: thread {tid} started before the drop keeps its capabilities")
 
     def _loop(self, s: sess.Session) -> int:
         from rich.console import Console
