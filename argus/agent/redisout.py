@@ -33,7 +33,7 @@ def heartbeats(s: Session, agent: str, host: str) -> List[Heartbeat]:
     """One heartbeat per job among the live targets: in-flight calls (realtime since_ns), each
     rank's last collective sequence number per communicator and last step, and agent health."""
     wall, _ = clock.wall_offset()
-    now = time.time_ns()
+    now = clock.realtime_ns()
     synced, _est, maxerr = clock.sync_state()
     ru = resource.getrusage(resource.RUSAGE_SELF)
     health = {

@@ -20,6 +20,7 @@ from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Protoco
 from argus.aggregator import hoststall
 from argus.aggregator.alerts import Alert, AlertBook, Finding
 from argus.aggregator.align import POSITIONS, JobAlign
+from argus.aggregator.clocks import HostClocks
 from argus.aggregator.commmode import CommModes
 from argus.aggregator.config import PhaseInfo, Thresholds
 from argus.aggregator.explain import Explainer
@@ -120,6 +121,7 @@ class JobDiag:
     hang: HangWatch = field(default_factory=HangWatch)
     align: JobAlign = field(default_factory=JobAlign)
     modes: CommModes = field(default_factory=CommModes)
+    clocks: HostClocks = field(default_factory=HostClocks)
     hosts: Dict[int, str] = field(default_factory=dict)
     judged: int = 0
     last_step: int = -1
@@ -309,6 +311,9 @@ class Engine:
         ranks = frame.ranks
         if not ranks:
             return []
+        # hosts' clock offsets out of the realtime stamps before ranks are compared (argus.aggregator.clocks)
+        d.clocks.observe(ranks)
+        ranks = d.clocks.correct(ranks)
         self.stats.steps_judged += 1
         d.track_gaps(frame.step, set(ranks))
         d.judged += 1
@@ -395,6 +400,10 @@ class Engine:
                 d.l1_log.append(f)
         findings += self._release_l1(d, findings, ex)
         self._attach_gpu(d, findings)
+        clocks = d.clocks.evidence()
+        for f in findings if clocks else []:
+            if f.ranks:  # the lateness behind it compared stamps of hosts whose clocks disagree
+                f.evidence.setdefault("identity", {})["clocks"] = clocks
         held = {a.id for a in self.book.firing(d.job) if a.kind in L2_KINDS and d.l2.still_flagged(a.ranks)}
         return self._publish(d, t_ns, findings, STEP_KINDS, held=held)
 

@@ -72,9 +72,19 @@ def _identity_text(ev: Dict[str, Any]) -> str:
             else ""
         )
         parts.append(f"steps aligned by {st['aligned_by']}{res} (confidence {st['confidence']})")
+    ck = ident.get("clocks")
+    if ck:
+        parts.append(f"host clocks corrected by {_clocks_text(ck)}")
     if ev.get("comm_mode"):
         parts.append(f"collectives {ev['comm_mode']}")
     return "; ".join(parts)
+
+
+def _clocks_text(ck: Dict[str, Any]) -> str:
+    offs = ", ".join(
+        f"{h} {o:+.1f} ms (±{ck['spread_ms'].get(h, 0.0):.1f})" for h, o in ck["offsets_ms"].items()
+    )
+    return f"{offs} from {ck['reference']}, estimated from {ck['estimated_from']}"
 
 
 def report_data(
@@ -97,6 +107,7 @@ def report_data(
                 "judged": d.judged,
                 "warmup": engine.th.warmup_steps if d.align.absolute else engine.th.attach_warmup_steps,
                 "alignment": d.align.summary(),
+                "clocks": d.clocks.evidence(),
                 "gaps": [list(g) for g in d.gaps] + [[r, s, None] for r, s in sorted(d.absent.items())],
                 "median_step_ms": round(d.l1.median_step() / 1e6, 2),
                 "alerts": [a.to_json() for a in alerts],
@@ -161,6 +172,8 @@ def report_text(data: Dict[str, Any], steps: Optional[Tuple[int, int]] = None) -
                 lines.append(
                     f"  {al['restarted']} rank(s) began their own step numbers again (agent restarted){how}"
                 )
+        if j.get("clocks"):
+            lines.append(f"clocks: {_clocks_text(j['clocks'])}; taken out of arrival times")
         for r, a, b in j.get("gaps", []):
             span = f"job steps {a}–{b}, then resumed" if b is not None else f"any job step since {a}"
             lines.append(f"  gap: rank {r} sent no summary for {span} (lost, or its agent restarted)")
