@@ -28,6 +28,7 @@ import msgpack
 
 from argus import wire
 from argus.errors import BadData, RedisUnavailable
+from argus.redisconf import connection_hint
 from argus.schema import Heartbeat, RankStep
 from argus.transport import k_agent, k_agents, k_hb, k_names, k_steps
 
@@ -154,7 +155,7 @@ class Reader:
                 raise
         except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
             raise RedisUnavailable(
-                f"cannot reach Redis to read {self.key}: {e}", "is redis-server running? check --redis"
+                f"cannot reach Redis to read {self.key}: {e}", connection_hint(e)
             ) from None
         self._group_ready = True
 
@@ -177,9 +178,7 @@ class Reader:
             return []
         except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
             self._group_ready = False
-            raise RedisUnavailable(
-                f"lost Redis while reading {self.key}: {e}", "is redis-server running? check --redis"
-            ) from None
+            raise RedisUnavailable(f"lost Redis while reading {self.key}: {e}", connection_hint(e)) from None
 
     def _read(self, block_ms: Optional[int]) -> List[Message]:
         if not self._group_ready:

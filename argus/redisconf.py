@@ -86,6 +86,37 @@ class RedisConf:
         return redis.Redis(retry=Retry(NoBackoff(), 0), **self.client_kwargs(timeout_s))
 
 
+RUNNING_HINT = "is redis-server running? check --redis"
+
+
+def connection_hint(err: BaseException, scheme: Optional[str] = None, default: str = RUNNING_HINT) -> str:
+    """What to do about a failed connection, from redis-py's error: TLS problems (a CA that did not
+    sign the server's certificate, TLS on one side only) get their own fix, the rest `default`."""
+    text = str(err).lower()
+    if "certificate verify failed" in text:
+        if "hostname mismatch" in text or "ip address mismatch" in text:
+            return "the server's certificate is for another name: connect by a name (or IP) it lists"
+        return (
+            "the server's certificate is not signed by the CA given: pass the CA that signed it, "
+            "rediss://HOST:PORT/DB?ca=/path/ca.pem (without ca= the system's CAs are used)"
+        )
+    if "certificate required" in text or "tlsv13 alert" in text or "handshake failure" in text:
+        return "the server wants a client certificate: add &cert=/path/client.pem&key=/path/client.key"
+    if "wrong version number" in text or "record layer failure" in text or "unknown protocol" in text:
+        return "the server does not speak TLS on this port: use redis://, or the port of its --tls-port"
+    if scheme == "rediss" and "timeout" in text:
+        return "; ".join(
+            filter(None, ["no TLS handshake: if the server does not speak TLS here, use redis://", default])
+        )
+    if scheme in ("redis", None) and ("reset by peer" in text or "closed by server" in text):
+        return "; ".join(
+            filter(
+                None, ["if the server speaks TLS on this port, use rediss://HOST:PORT/DB?ca=FILE", default]
+            )
+        )
+    return default
+
+
 def _password(env: Mapping[str, str], warnings: List[str]) -> Optional[str]:
     path = env.get(ENV_PASSWORD_FILE)
     if path:
@@ -151,6 +182,12 @@ def parse(url: str, env: Optional[Mapping[str, str]] = None) -> RedisConf:
         raise UsageError("--redis: TLS parameters need rediss://", "use rediss://HOST:PORT/DB?ca=FILE")
     if tls.get("verify", "yes") not in ("yes", "no"):
         raise UsageError("--redis: verify= takes yes or no", "verify=no skips certificate checks")
+    for k in ("ca", "cert", "key"):  # a missing file is the user's typo, not an unreachable Redis
+        if k in tls and not os.access(tls[k], os.R_OK):
+            raise UsageError(
+                f"--redis: {k}={tls[k]} is not a readable file",
+                f"give the path of the PEM file ({'CA bundle' if k == 'ca' else 'client ' + k})",
+            )
     if port is not None and not 0 < port < 65536:
         raise UsageError(f"--redis: port {port} out of range", _HINT)
     return RedisConf(

@@ -205,7 +205,7 @@ def publish_all(
         try:
             pipe.execute()
         except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-            raise RedisUnavailable(f"Redis: {e}", "is redis-server running? check --redis") from None
+            raise RedisUnavailable(f"Redis: {e}", redisconf.connection_hint(e)) from None
         st.entries += len(pending)
         pending.clear()
         names.clear()

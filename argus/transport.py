@@ -26,7 +26,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 import msgpack
 
-from argus import __version__, wire
+from argus import __version__, redisconf, wire
 from argus.redisconf import RedisConf
 from argus.schema import Heartbeat, RankStep
 
@@ -312,7 +312,12 @@ class Publisher:
                     backoff = self.backoff_s[0]
                 except (redis.RedisError, OSError) as e:
                     if not self.last_error:
-                        self._on_event(f"redis: cannot reach {self.conf.display} ({e}); buffering, retrying")
+                        # a TLS mistake will not heal by retrying: say its fix (tracing goes on regardless)
+                        fix = redisconf.connection_hint(e, self.conf.scheme, "")
+                        self._on_event(
+                            f"redis: cannot reach {self.conf.display} ({e}); buffering, retrying"
+                            + (f"; hint: {fix}" if fix else "")
+                        )
                     self._drop_client(e)
                     self._sleep(backoff * (0.5 + random.random()))
                     backoff = min(backoff * 2.0, self.backoff_s[1])

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 
 def free_port() -> int:
@@ -38,13 +38,19 @@ class RedisProc:
         c += ["--appendonly", "yes", "--appendfsync", "always"] if self.durable else ["--appendonly", "no"]
         return c + list(self.extra)
 
+    def admin(self, timeout: float = 2.0) -> Any:
+        """A client of this server (subclasses that speak TLS override it)."""
+        import redis
+
+        return redis.Redis(port=self.port, socket_timeout=timeout, socket_connect_timeout=timeout)
+
     def start(self, timeout: float = 10.0) -> RedisProc:
         import redis
 
         log = open(self.dir / "redis.log", "ab")
         self.proc = subprocess.Popen(self.cmd(), stdout=log, stderr=subprocess.STDOUT, cwd=self.dir)
         log.close()
-        client = redis.Redis(port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
+        client = self.admin(timeout=0.5)
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:

@@ -24,11 +24,17 @@ def test_plain_urls() -> None:
     assert u.client_kwargs()["unix_socket_path"] == "/run/redis.sock"
 
 
-def test_tls_options() -> None:
-    c = parse("rediss://cache.example:6380/0?ca=/etc/ca.pem&cert=/c.pem&key=/k.pem", env={})
+def test_tls_options(tmp_path: Path) -> None:
+    ca, cert, key = (tmp_path / n for n in ("ca.pem", "c.pem", "k.pem"))
+    for f in (ca, cert, key):
+        f.write_text("-----BEGIN CERTIFICATE-----\n")
+    c = parse(f"rediss://cache.example:6380/0?ca={ca}&cert={cert}&key={key}", env={})
     kw = c.client_kwargs()
-    assert kw["ssl"] and kw["ssl_cert_reqs"] == "required" and kw["ssl_ca_certs"] == "/etc/ca.pem"
-    assert (kw["ssl_certfile"], kw["ssl_keyfile"]) == ("/c.pem", "/k.pem")
+    assert kw["ssl"] and kw["ssl_cert_reqs"] == "required" and kw["ssl_ca_certs"] == str(ca)
+    assert (kw["ssl_certfile"], kw["ssl_keyfile"]) == (str(cert), str(key))
+    # a file that is not there is the user's typo (exit 2), not an unreachable Redis (exit 8)
+    with pytest.raises(UsageError, match=r"key=/nonexistent\.key is not a readable file"):
+        parse(f"rediss://h/0?ca={ca}&cert={cert}&key=/nonexistent.key", env={})
     assert parse("rediss://h/0?verify=no", env={}).client_kwargs()["ssl_cert_reqs"] == "none"
     assert "ssl" not in parse("redis://h/0", env={}).client_kwargs()
 

@@ -51,7 +51,7 @@ def redis_items(url: str, job: str) -> List[Item]:
     except Exception as e:  # redis.ConnectionError and friends, without importing redis at module load
         if type(e).__module__.startswith("redis"):
             raise RedisUnavailable(
-                f"cannot read job {job} from {conf.display}: {e}", "is Redis up? check --redis"
+                f"cannot read job {job} from {conf.display}: {e}", redisconf.connection_hint(e, conf.scheme)
             ) from None
         raise
     reader.say_skipped(stats, job, len(items), lambda line: click.echo(line, err=True))
@@ -152,13 +152,17 @@ def diagnose_cmd(
 @contextmanager
 def _redis_errors(url: str) -> Iterator[None]:
     """redis-py's connection errors become RedisUnavailable (ERROR/HINT, exit 8), not tracebacks."""
+    from urllib.parse import urlsplit
+
     from argus.errors import RedisUnavailable
+    from argus.redisconf import connection_hint
 
     try:
         yield
     except Exception as e:
         if type(e).__module__.startswith("redis"):
-            raise RedisUnavailable(f"Redis at {url}: {e}", "is redis-server running? check --redis") from None
+            hint = connection_hint(e, urlsplit(url).scheme.lower())
+            raise RedisUnavailable(f"Redis at {url}: {e}", hint) from None
         raise
 
 

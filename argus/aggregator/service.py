@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from argus.aggregator.alerts import Alert
 from argus.aggregator.engine import Engine
 from argus.errors import RedisUnavailable
+from argus.redisconf import connection_hint
 
 ALERTS_MAXLEN = 10_000
 LEASE_S = 10.0  # a job's leader lease; a standby takes over this long after the leader stops renewing
@@ -304,7 +305,8 @@ class Aggregator:
     def _unavailable(e: Exception) -> Exception:
         if type(e).__module__.startswith("redis"):
             return RedisUnavailable(
-                f"lost Redis: {e}", "is redis-server running? the aggregator resumes on restart"
+                f"lost Redis: {e}",
+                connection_hint(e, None, "is redis-server running? the aggregator resumes on restart"),
             )
         return e
 

@@ -15,6 +15,7 @@ import msgpack
 
 from argus.errors import RedisUnavailable
 from argus.reader import Reader, notices
+from argus.redisconf import connection_hint
 from argus.schema import RankStep
 from argus.transport import k_steps
 from argus.tui.snapshot import JobSnapshot, JobView
@@ -78,7 +79,7 @@ class Feed:
             msgs = self.reader._accept(raw, ack=False)
             alerts = self.r.xrange(k_alerts(self.job), min=b"(" + self.last_alert_id, count=1000)
         except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-            raise RedisUnavailable(f"lost Redis: {e}", "is redis-server running? check --redis") from None
+            raise RedisUnavailable(f"lost Redis: {e}", connection_hint(e)) from None
         with self.lock:
             for m in msgs:
                 self.view.ingest(m.step)

@@ -29,7 +29,9 @@ def connect(url: str) -> Any:
     except Exception as e:  # every connection failure means the same to the user
         raise RedisUnavailable(
             f"cannot reach Redis at {conf.display}: {e}",
-            "start one (redis-server --port 6379 --save '' &) or pass --redis URL",
+            redisconf.connection_hint(
+                e, conf.scheme, "start one (redis-server --port 6379 --save '' &) or pass --redis URL"
+            ),
         ) from None
     return client
 
