@@ -1,5 +1,6 @@
-"""What `argus probe` costs: per-hit cost of each probe kind, and step-time overhead on the
-simulated job at its default rates, probe on vs off, in one run.
+"""What `argus probe` costs: per-hit cost of each probe kind (on the simulated libraries, and on
+NVIDIA's real libcuda.so.1 at its implementations vs its exported stubs), and step-time overhead on
+the simulated job at its default rates, probe on vs off, in one run.
 
     sudo .venv/bin/python -m benchmarks.probe_overhead [--quick] [--markdown]
 
@@ -92,6 +93,69 @@ def per_hit(reps: int, n: int) -> List[Tuple[str, str, float, float, float]]:
         rows.append((fn, desc, mo, mi, mi - mo))
     mo, mi = statistics.median(off["cuLaunchKernel"]), statistics.median(lat)
     rows.insert(2, (LAUNCH_LAT, "uprobe + uretprobe: counter, latency histogram", mo, mi, mi - mo))
+    return rows
+
+
+def build_cudahit() -> Path:
+    out = Path(tempfile.gettempdir()) / "argus-cudahit"
+    src = REPO / "benchmarks" / "csrc" / "cudahit.c"
+    if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
+        subprocess.run(["gcc", "-O2", "-o", str(out), str(src), "-ldl"], check=True)
+    return out
+
+
+def real_launch(driver: Path, lib: Path, n: int, how: str, session: Session | None) -> float:
+    p = subprocess.Popen(
+        [str(driver), str(lib), str(n), how], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert p.stdout is not None and p.stdin is not None
+    assert p.stdout.readline().strip() == "ready"
+    if session is not None:
+        session.add(p.pid, identity.of_pid(p.pid))
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    ns = float(p.stdout.readline())
+    p.wait()
+    if session is not None:
+        session.remove(p.pid)
+        session.drain()
+    return ns
+
+
+def real_libcuda_per_hit(reps: int, n: int) -> List[Tuple[str, str, float, float, float]]:
+    """cuLaunchKernel of NVIDIA's libcuda.so.1 (Debian's libcuda1, tests/nvidia_wheels.py), called
+    through the exported symbol and through cuGetProcAddress's pointer: off, probed where Argus
+    probes (the implementation behind the dispatch stub), and probed at the exported stub itself
+    (what Argus did before it saw through stubs: a RIP-relative first instruction, single-stepped)."""
+    from argus.probes import base
+    from tests.nvidia_wheels import fetch_libcuda
+
+    lib, why = fetch_libcuda()
+    if lib is None:
+        print(f"(no real libcuda.so.1: {why})")
+        return []
+    driver = build_cudahit()
+    hows = ("exported", "proc")
+    off = {h: [real_launch(driver, lib, n, h, None) for _ in range(reps)] for h in hows}
+    on: Dict[str, Dict[str, List[float]]] = {}
+    find_stub = base.find_stub
+    for where in ("implementation", "stub"):
+        base._RESOLVED.clear()
+        if where == "stub":  # the baseline: probes at the exported symbols, as before
+            base.find_stub = lambda *a: None  # type: ignore[assignment]
+        session = Session()
+        try:
+            on[where] = {h: [real_launch(driver, lib, n, h, session) for _ in range(reps)] for h in hows}
+        finally:
+            session.close()
+            base.find_stub = find_stub
+            base._RESOLVED.clear()
+    rows = []
+    for where in ("implementation", "stub"):
+        for h in hows:
+            mo, mi = statistics.median(off[h]), statistics.median(on[where][h])
+            via = "exported symbol" if h == "exported" else "cuGetProcAddress pointer"
+            rows.append((f"probe at the {where}", via, mo, mi, mi - mo))
     return rows
 
 
@@ -211,6 +275,17 @@ def main() -> int:
     for fn, desc, off, on, c in per_hit(reps, n):
         cost[fn] = c
         print(f"| {fn} | {desc} | {off:.0f} | {on:.0f} | {c:.0f} |")
+    real = real_libcuda_per_hit(reps, n)
+    if real:
+        print(
+            f"\n# cuLaunchKernel of NVIDIA's real libcuda.so.1 ({n} calls per run, median of {reps} runs)\n"
+        )
+        print("| where the uprobe is | launched through | off ns/call | on ns/call | cost ns/hit |")
+        print("|---|---|---:|---:|---:|")
+        for where, via, off, on, c in real:
+            print(f"| {where} | {via} | {off:.0f} | {on:.0f} | {c:.0f} |")
+        cost["real implementation"] = statistics.median(r[4] for r in real if "implementation" in r[0])
+        cost["real stub"] = statistics.median(r[4] for r in real if "stub" in r[0])
     hz = 99
     perf = perf_sample_cost(3.0 if args.quick else 10.0, hz)
     print(f"\n# cost per probe type (ns per hit; perf-event programs at {hz} Hz on a busy Python worker)\n")
@@ -239,16 +314,19 @@ def main() -> int:
     launch = cost["cuLaunchKernel"]
     slow = cost["ncclGetVersion"]
     print("\n# projected overhead at the paper's rates (kernel events per GPU-minute)\n")
+    real_impl = cost.get("real implementation", float("nan"))
+    real_stub = cost.get("real stub", float("nan"))
     print(
         "| events / GPU-minute | events / s | host CPU per GPU at the launch cost | share of a core "
+        "| real libcuda, probed at implementations | real libcuda, probed at its stubs "
         "| if every probe were single-stepped |"
     )
-    print("|---:|---:|---:|---:|---:|")
-    for rate in (1e4, 3e4, 1e5):
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for rate in (1e4, 3e4, 1e5, 6e5):
         per_s = rate / 60
         print(
             f"| {rate:,.0f} | {per_s:,.0f} | {per_s * launch / 1e3:.0f} µs/s | {per_s * launch / 1e9:.3%} "
-            f"| {per_s * slow / 1e9:.3%} |"
+            f"| {per_s * real_impl / 1e9:.3%} | {per_s * real_stub / 1e9:.3%} | {per_s * slow / 1e9:.3%} |"
         )
     if args.per_hit_only:
         return 0

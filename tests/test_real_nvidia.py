@@ -2,7 +2,8 @@
 
 The libraries come from NVIDIA's pip wheels (tests/nvidia_wheels.py, cached): libcudart.so.12 from
 nvidia-cuda-runtime-cu12 (3.5 MB, every run) and libnccl.so.2 from nvidia-nccl-cu13 (305 MB,
-`slow` tier). tests/targets/nvidia_calls.py loads one with ctypes, waits at a gate until the probe
+`slow` tier); NVIDIA's driver library libcuda.so.1 from Debian's non-free `libcuda1` (3 MB, every
+run). tests/targets/nvidia_calls.py loads one with ctypes, waits at a gate until the probe
 is tracing, then makes real calls; without a driver they fail with documented codes (FACTS.md,
 "Real NVIDIA libraries without a GPU"), and the probe must report each call and each code.
 """
@@ -30,7 +31,7 @@ CUDA_ERROR_INSUFFICIENT_DRIVER = 35
 class Proc:
     """A child whose stdout and stderr lines are collected by threads (no pipe ever fills)."""
 
-    def __init__(self, args: List[str]) -> None:
+    def __init__(self, args: List[str], env: Optional[dict] = None) -> None:
         self.args = args
         self.p = subprocess.Popen(
             args,
@@ -38,7 +39,7 @@ class Proc:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=argus_env(),
+            env={**argus_env(), **(env or {})},
             cwd=str(REPO_ROOT),
         )
         self.out: List[str] = []
@@ -133,16 +134,16 @@ class Traced:
         return dict(calls), errors
 
 
-def trace_calls(kind: str, library: Path, tmp_path: Path) -> Traced:
+def trace_calls(kind: str, library: Path, tmp_path: Path, *flags: str, env: Optional[dict] = None) -> Traced:
     """Start the target, attach `argus probe` once the library is mapped, open the gate once the
     probe is tracing, and collect the probe's JSON records after both exited."""
     gate = tmp_path / "gate"
-    target = Proc([sys.executable, str(TARGET), kind, str(library), str(gate)])
+    target = Proc([sys.executable, str(TARGET), kind, str(library), str(gate)], env)
     probe: Optional[Proc] = None
     try:
         target.wait_for("loaded", "stdout", timeout=60)
         probe = Proc(
-            [sys.executable, "-m", "argus", "probe", "-p", str(target.p.pid), "--json", "-i", "0.2s"]
+            [sys.executable, "-m", "argus", "probe", "-p", str(target.p.pid), "--json", "-i", "0.2s", *flags]
         )
         probe.wait_for("Tracing ", "stderr", timeout=120)
         gate.touch()
@@ -221,4 +222,113 @@ def test_real_libnccl_version_uid_and_failing_init(tmp_path: Path) -> None:
     # the real ncclGetVersion starts with `test %rdi,%rdi` (not push): the agent says so at attach
     assert any("ncclGetVersion" in line and "single-step" in line for line in t.probe_stderr.splitlines()), (
         t.probe_stderr
+    )
+
+
+def _libcuda() -> Path:
+    path, why = nvidia_wheels.fetch_libcuda()
+    if path is None:
+        pytest.skip(why)
+    return path
+
+
+def test_real_libcuda_every_probe_lands_behind_its_dispatch_stub() -> None:
+    """NVIDIA's exported cu* functions are stubs that jump through a relocated slot; the probes go
+    to the implementations, whose first instruction the kernel emulates."""
+    lib = _libcuda()
+    res = subprocess.run(
+        [sys.executable, "-m", "argus.probes", str(lib)],
+        capture_output=True,
+        text=True,
+        env=argus_env(),
+        timeout=60,
+    )
+    print(res.stdout)  # the table: symbol, stub slot, address probed, first instruction (pytest -s)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = {ln.split()[0]: ln.split() for ln in res.stdout.splitlines()[1:-1]}
+    from argus.probes import libcuda
+
+    assert set(rows) == {s.symbol for s in libcuda.SPECS}, res.stdout  # every probed call, every variant
+    for sym, row in rows.items():
+        slot, insn, cost = row[1], row[3], row[-1]
+        assert slot.startswith("0x"), f"{sym} was not seen as a dispatch stub: {row}"
+        assert cost == "emulated" and insn == "push", row
+    from argus.probes.elf import Elf
+
+    elf = Elf(lib)
+    assert int(rows["cuLaunchKernel"][2], 16) != elf.symbols["cuLaunchKernel"].vaddr  # not the stub itself
+    assert len({int(r[2], 16) for r in rows.values()}) == len(rows)  # no two calls share an implementation
+    assert res.stdout.splitlines()[-1].endswith(f"{len(rows)} behind a dispatch stub, 0 single-stepped")
+
+
+@pytest.mark.bpf
+def test_real_libcuda_launches_both_ways_in_counted_once(tmp_path: Path) -> None:
+    """A process loads NVIDIA's libcuda.so.1 and launches through the exported symbols and through
+    cuGetProcAddress pointers (libcudart's way), per-thread-stream variants included: every launch
+    is counted exactly once, under its own CUfunction, and the driver's no-GPU codes are seen."""
+    t = trace_calls("cuda", _libcuda(), tmp_path, "--launch-latency", "--launch-steps", "all")
+    err = t.probe_stderr
+    stub_lines = [ln for ln in err.splitlines() if "libcuda" in ln and "dispatch stub" in ln]
+    assert stub_lines and stub_lines[0].endswith("(0 single-stepped)"), err
+    assert not any("single-step" in ln and "libcuda" in ln and "warning" in ln for ln in err.splitlines()), (
+        err
+    )
+    assert not any("dispatch slot" in ln for ln in err.splitlines()), err  # slots hold what relocations say
+
+    from tests.targets import nvidia_calls
+
+    funcs = t.values["functions"]
+    want = {f"fn@{funcs[label]:#x}": n for label, n in nvidia_calls.LAUNCHES.items()}
+    want["fn@0x2001"] = nvidia_calls.GRAPH_LAUNCHES
+    launches = t.section("cuda", "launches")
+    assert launches["by_kernel"] == want, launches
+    assert launches["total"] == sum(want.values())
+
+    want_calls, want_errors = t.expected()
+    assert want_calls["cuLaunchKernel"] == sum(nvidia_calls.LAUNCHES.values())
+    got_errors = t.section("cuda", "errors")
+    if t.values["driver_version"] and dict(t.calls)["cuInit"] == 100:  # no GPU here (FACTS.md)
+        assert got_errors["cuInit"] == {"100": 1}
+        assert got_errors["cuStreamSynchronize"] == {"3": 2}  # the _ptsz variant counted as the call
+    assert got_errors == want_errors, (got_errors, want_errors)
+    # this build hands out its exported stubs from cuGetProcAddress (FACTS.md): both ways pass the slot
+    assert t.values["cuGetProcAddress proc-address"][0] == 0
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize("through", [1, 0], ids=["interposer", "replacement"])
+def test_real_libcuda_a_replaced_dispatch_slot_is_probed_where_it_points(
+    tmp_path: Path, through: int
+) -> None:
+    """A tool replaced cuLaunchKernel's slot before the probe came (tests/targets/cuda_interposer.c).
+    The probe reads the live slot and probes what the process really calls: each launch counted
+    once, whether the tool calls on into the driver (an interposer: not counted at both) or answers
+    itself (a replacement: the driver's implementation never runs, so probing it would count 0)."""
+    lib = _libcuda()
+    so = tmp_path / "interposer.so"
+    src = REPO_ROOT / "tests" / "targets" / "cuda_interposer.c"
+    subprocess.run(
+        ["cc", "-O0", "-fno-omit-frame-pointer", "-shared", "-fPIC", "-o", str(so), str(src)], check=True
+    )
+    t = trace_calls(
+        "cuda-interposed",
+        lib,
+        tmp_path,
+        "--launch-steps",
+        "all",
+        env={"ARGUS_TEST_INTERPOSER": str(so), "ARGUS_TEST_INTERPOSE_THROUGH": str(through)},
+    )
+    said = [ln for ln in t.probe_stderr.splitlines() if "dispatch slot" in ln]
+    assert len(said) == 1 and "cuLaunchKernel:" in said[0] and "interposer.so+0x" in said[0], t.probe_stderr
+
+    from tests.targets import nvidia_calls
+
+    funcs = t.values["functions"]
+    want = {f"fn@{funcs[label]:#x}": n for label, n in nvidia_calls.LAUNCHES.items()}
+    want["fn@0x2001"] = nvidia_calls.GRAPH_LAUNCHES
+    assert t.section("cuda", "launches")["by_kernel"] == want
+    # the exported stub and the cuGetProcAddress pointer both went through the tool's function
+    assert (
+        t.values["interposed_calls"]
+        == nvidia_calls.LAUNCHES["exported"] + nvidia_calls.LAUNCHES["proc-address"]
     )

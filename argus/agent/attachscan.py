@@ -86,6 +86,11 @@ def _entry_point(t: threadscan.ThreadScan, probed: Dict[str, set]) -> Optional[s
     return fr.label() if fr is not None else None
 
 
+def _probed(lp: LibraryProbes) -> set:
+    """Names a frame of a probed call may carry: the exported symbol, or the call it counts as."""
+    return {p.spec.symbol for p in lp.probes} | {p.spec.prog for p in lp.probes}
+
+
 def _heap_ranges(pid: int) -> List[Tuple[int, int]]:
     """Writable anonymous mappings and the heap: where malloc puts a communicator."""
     out: List[Tuple[int, int]] = []
@@ -112,7 +117,9 @@ class AttachScans:
         for lp in libs:
             base = self._texts.get(lp.library.inode)
             if base is None:
-                base = self._texts[lp.library.inode] = LibraryText.of(pid, lp.library, elf=lp.elf)
+                # implementations behind dispatch stubs have no symbol (libcuda is stripped): name them
+                behind = [(p.target, p.spec.prog) for p in lp.probes if p.stub is not None and not p.path]
+                base = self._texts[lp.library.inode] = LibraryText.of(pid, lp.library, behind, elf=lp.elf)
                 out.append(base)
                 continue
             here = LibraryText.of(pid, lp.library, elf=None, symbols_from=base)
@@ -129,7 +136,7 @@ class AttachScans:
     ) -> AttachState:
         texts = self._libraries(pid, libs)
         ps = threadscan.scan(pid, texts, python)
-        probed = {t.name: {p.spec.symbol for p in lp.probes} for t, lp in zip(texts, libs)}
+        probed = {t.name: _probed(lp) for t, lp in zip(texts, libs)}
         now = time.monotonic_ns()
         st = AttachState(pid, where=ps.where(), where_ns=now, steps_at_scan=steps)
         for t in ps.threads:
@@ -168,9 +175,7 @@ class AttachScans:
                 if rescan is None:
                     rescan = threadscan.scan(pid, self._libraries(pid, libs))
                 t = rescan.thread(b.tid)
-                probed = {
-                    lp.library.path.rsplit("/", 1)[-1]: {p.spec.symbol for p in lp.probes} for lp in libs
-                }
+                probed = {lp.library.path.rsplit("/", 1)[-1]: _probed(lp) for lp in libs}
                 if t is None or not t.in_library or _entry_point(t, probed) != b.call:
                     continue
                 b.sp, b.pc = now

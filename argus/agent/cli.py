@@ -368,6 +368,11 @@ class Prober:
                 f"Tracing {len(s.targets)} process(es) ({chans}, {s.health.attached} probes, ready in "
                 f"{time.monotonic() - t0:.1f} s). Hit Ctrl-C to end."
             )
+            for lib, (behind, total, slow) in s.health.stubs.items():
+                self._say(
+                    f"{lib}: {behind} of {total} functions probed at the implementation behind their "
+                    f"exported dispatch stub ({slow} single-stepped)"
+                )
             for p in s.health.slow_probes:
                 self._say(
                     f"warning: {p.library}:{p.symbol} starts with an instruction the kernel must single-step "

@@ -24,7 +24,7 @@ from argus.agent.launchwin import ATTACH, DETACH, LaunchWindows
 from argus.agent.tracker import STEP_MARKER, RankTracker
 from argus.errors import ArgusError, EnvironmentProblem, NotATarget, SymbolMissing
 from argus.probes import cpython, libcuda, libcudart, libnccl
-from argus.probes.base import Channel, LibraryProbes, MappedLibrary, register_calls, resolve
+from argus.probes.base import Channel, LibraryProbes, MappedLibrary, confirm_stubs, register_calls, resolve
 from argus.probes.elf import Elf
 from argus.probes.records import DROP_NAMES, DecodeError, TargetCfg, decode
 
@@ -67,6 +67,8 @@ class Health:
     attached: int = 0
     slow_probes: List[SlowProbe] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
+    # library -> (probes at the implementations behind dispatch stubs, probes, of those single-stepped)
+    stubs: Dict[str, Tuple[int, int, int]] = field(default_factory=dict)
 
 
 class Session:
@@ -88,6 +90,8 @@ class Session:
         self.targets: Dict[int, Target] = {}
         self.health = Health()
         self._attached_inodes: Set[Tuple[str, Tuple[int, int]]] = set()
+        # per library file: symbol -> (file, address) its probes went to
+        self._sites: Dict[Tuple[str, Tuple[int, int]], Dict[str, Tuple[str, int]]] = {}
         self._layouts: Dict[Tuple[int, int], libnccl.CommLayout] = {}
         self.scans = AttachScans()  # threads already blocked in a probed call when we attached
         self.last_record: Dict[int, Dict[int, int]] = {}  # pid -> tid -> ts of its latest ring record
@@ -116,6 +120,7 @@ class Session:
             layout = self._layouts.get(nccl.library.inode) or libnccl.layout_of(nccl.elf)
             self._layouts[nccl.library.inode] = layout  # decoded once per library file
         for lp in libs.values():
+            self._confirm_stubs(pid, lp)
             self._attach(lp)
             for name in lp.missing_optional:
                 self.health.warnings.append(f"{lp.library.path}: optional symbol {name} missing (not probed)")
@@ -183,28 +188,55 @@ class Session:
         self._added_at.pop(pid, None)
         self._reread_at.pop(pid, None)
 
+    def _confirm_stubs(self, pid: int, lp: LibraryProbes) -> None:
+        """Probe what `pid` really calls behind each dispatch stub (argus/probes/trampoline.py). The
+        first process of a library decides where its probes go; a later one that calls elsewhere is
+        said, since uprobes are per file and the library's are already placed."""
+        notes = confirm_stubs(pid, lp)
+        placed = self._sites.get((lp.channel.name, lp.library.inode))
+        if placed is None:
+            self.health.warnings.extend(notes)
+            return
+        for p in lp.probes:
+            if not p.duplicate and placed.get(p.spec.symbol, (p.path, p.address)) != (p.path, p.address):
+                self.health.warnings.append(
+                    f"pid {pid}: {os.path.basename(lp.library.path)}:{p.spec.symbol} dispatches elsewhere "
+                    "than in the processes probed first: its calls there are not counted"
+                )
+
     def _attach(self, lp: LibraryProbes) -> None:
         ident = (lp.channel.name, lp.library.inode)
         if ident in self._attached_inodes:
             return
-        path = lp.library.host_path
         no_return = libcuda.entry_only(self.opts.launch_returns) | libnccl.ENTRY_ONLY
         windowed = self.windows is not None and lp.channel.name == "cuda"
+        self._sites[ident] = {p.spec.symbol: (p.path, p.address) for p in lp.probes}
+        behind = [p for p in lp.probes if p.stub is not None and not p.duplicate]
+        if any(p.stub is not None for p in lp.probes):
+            self.health.stubs[os.path.basename(lp.library.path)] = (
+                len(behind),
+                sum(1 for p in lp.probes if not p.duplicate),
+                sum(1 for p in behind if not p.plan.fast),
+            )
         for p in lp.probes:
-            addr = p.vaddr + p.plan.offset
+            if p.duplicate:  # its implementation is probed under another name of the same call
+                continue
+            path = p.path or lp.library.host_path
+            addr = p.address
+            prog = p.spec.prog
             try:
-                if windowed and p.spec.symbol in libcuda.LAUNCH_CALLS:  # attached by poll_windows
-                    site = (path, addr, p.spec.symbol)
+                if windowed and prog in libcuda.LAUNCH_CALLS:  # attached by poll_windows
+                    site = (path, addr, prog)
                     self._launch_sites.append(site)
                     if self.windows is not None and self.windows.is_open():
                         self._attach_launch(site)
                     self.health.attached += 1 + int(self.opts.launch_returns)
                 else:
                     if p.spec.entry:
-                        self.bpf.attach_uprobe(name=path, addr=addr, fn_name=f"{p.spec.symbol}_entry")
+                        self.bpf.attach_uprobe(name=path, addr=addr, fn_name=f"{prog}_entry")
                         self.health.attached += 1
-                    if p.spec.ret and p.spec.symbol not in no_return:
-                        self.bpf.attach_uretprobe(name=path, addr=addr, fn_name=f"{p.spec.symbol}_return")
+                    if p.spec.ret and prog not in no_return:
+                        self.bpf.attach_uretprobe(name=path, addr=addr, fn_name=f"{prog}_return")
                         self.health.attached += 1
             except Exception as e:  # bcc raises a bare Exception; the kernel's reason is on stderr
                 raise EnvironmentProblem(

@@ -89,6 +89,15 @@ int cuLaunchKernelEx_entry(struct pt_regs *ctx) {
 }
 int cuLaunchKernelEx_return(struct pt_regs *ctx) { return launch_return_common(ctx, CALL_cuLaunchKernelEx); }
 
+/* cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream): the graph counts as one launch, keyed by
+ * its handle (CUDA graphs replay many kernels for one host call) */
+int cuGraphLaunch_entry(struct pt_regs *ctx) {
+    int rc = launch_enter_common(CALL_cuGraphLaunch, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx));
+    py_tail(ctx);
+    return rc;
+}
+int cuGraphLaunch_return(struct pt_regs *ctx) { return launch_return_common(ctx, CALL_cuGraphLaunch); }
+
 /* ---- host-blocking synchronisation ------------------------------------------------------------ */
 
 static __always_inline int sync_enter(u32 call, u64 handle, u32 bytes_kind, u64 bytes) {

@@ -15,16 +15,25 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from argus.errors import NoSuchProcess, PermissionDenied
+from argus.probes import trampoline
 from argus.probes.elf import Elf, ElfError
 from argus.probes.prologue import EntryPlan, plan_entry
+from argus.probes.trampoline import Stub, find_stub
 
 
 @dataclass(frozen=True)
 class UprobeSpec:
     symbol: str
-    entry: bool = True  # attach <symbol>_entry
-    ret: bool = True  # attach <symbol>_return
+    entry: bool = True  # attach <prog>_entry
+    ret: bool = True  # attach <prog>_return
     required: bool = False
+    handler: str = ""  # the call whose BPF programs and call id this symbol shares (a `_ptsz` variant)
+    report_missing: bool = True  # False: many builds lack it (variants, newer calls): absent is normal
+
+    @property
+    def prog(self) -> str:
+        """The call this symbol is counted as: its BPF programs are <prog>_entry/<prog>_return."""
+        return self.handler or self.symbol
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,19 @@ class MappedLibrary:
 class ResolvedProbe:
     spec: UprobeSpec
     vaddr: int  # the symbol's ELF virtual address (bcc translates it to the file offset)
-    plan: EntryPlan
+    plan: EntryPlan  # where to attach in the function probed (the stub's target when `stub` is set)
+    stub: Optional[Stub] = None  # the symbol is a dispatch stub: its implementation is probed
+    path: str = ""  # the file probed when not the library itself (a replaced slot's target)
+    duplicate: bool = False  # another symbol of the same call reaches the same implementation: probed once
+
+    @property
+    def target(self) -> int:
+        """ELF vaddr of the function probed: the implementation behind a stub, else the symbol."""
+        return self.stub.target if self.stub is not None and self.stub.target is not None else self.vaddr
+
+    @property
+    def address(self) -> int:
+        return self.target + self.plan.offset
 
 
 @dataclass
@@ -157,11 +178,81 @@ def _resolve(channel: Channel, lib: MappedLibrary) -> LibraryProbes:
         out.missing_required = [f"(unreadable: {e})"]
         return out
     out.elf = elf
+    owner: Dict[int, str] = {}  # implementation vaddr -> the call probed there
     for spec in channel.specs:
         sym = elf.symbols.get(spec.symbol)
         if sym is None:
-            (out.missing_required if spec.required else out.missing_optional).append(spec.symbol)
+            if spec.required:
+                out.missing_required.append(spec.symbol)
+            elif spec.report_missing:
+                out.missing_optional.append(spec.symbol)
             continue
         code = elf.read(sym.offset, 48)
+        stub = find_stub(elf, sym.vaddr, code)
+        if stub is not None and stub.target is not None and owner.get(stub.target, spec.prog) == spec.prog:
+            impl = elf.read(elf.vaddr_to_offset(stub.target), 48)
+            plan = plan_entry(impl, lib.host_path, stub.target)
+            if plan.fast or not plan_entry(code, lib.host_path, sym.vaddr).fast:
+                dup = stub.target in owner
+                owner[stub.target] = spec.prog
+                out.probes.append(ResolvedProbe(spec, sym.vaddr, plan, stub, duplicate=dup))
+                continue
+        # an ordinary function, or a stub whose target another call already owns (two names for one
+        # implementation cannot be told apart there: each keeps its own stub)
         out.probes.append(ResolvedProbe(spec, sym.vaddr, plan_entry(code, lib.host_path, sym.vaddr)))
     return out
+
+
+def confirm_stubs(pid: int, lp: LibraryProbes) -> List[str]:
+    """Check each probed stub's slot in `pid`'s memory against its relocation; where a tool replaced
+    it, probe what the process really calls (a function in a mapped file), or the stub itself when
+    the slot points into anonymous memory. Rewrites `lp.probes`; returns what it found, to say."""
+    stubs = [(i, p) for i, p in enumerate(lp.probes) if p.stub is not None and not p.duplicate]
+    if not stubs or lp.elf is None:
+        return []
+    try:
+        maps = trampoline.mappings(pid)
+    except OSError:
+        return []
+    bias = trampoline.load_bias(maps, lp.elf, lp.library.path)
+    if bias is None:
+        return []
+    notes: List[str] = []
+    name = os.path.basename(lp.library.path)
+    for i, p in stubs:
+        assert p.stub is not None
+        live = trampoline.read_slot(pid, bias + p.stub.slot)
+        if live is None:
+            notes.append(
+                f"{name}:{p.spec.symbol}: cannot read its dispatch slot in pid {pid}; probing the "
+                "implementation its relocation names"
+            )
+            continue
+        if p.stub.target is not None and live == bias + p.stub.target:
+            continue
+        where = trampoline.locate(maps, live, Elf)
+        if where.path:
+            host = host_path(pid, where.path)
+            try:
+                other = Elf(host)
+                code = other.read(other.vaddr_to_offset(where.vaddr), 48)
+            except (OSError, ElfError):
+                code = b""
+            if code:
+                plan = plan_entry(code, host, where.vaddr)
+                lp.probes[i] = dataclasses.replace(
+                    p, stub=Stub(p.stub.slot, where.vaddr), plan=plan, path=host
+                )
+                notes.append(
+                    f"{name}:{p.spec.symbol}: its dispatch slot was replaced in pid {pid}: probing what "
+                    f"it calls, {os.path.basename(where.path)}+{where.vaddr:#x}"
+                )
+                continue
+        sym = lp.elf.symbols.get(p.spec.symbol)
+        code = lp.elf.read(sym.offset, 48) if sym is not None else b""
+        lp.probes[i] = dataclasses.replace(p, stub=None, plan=plan_entry(code, lp.library.host_path, p.vaddr))
+        notes.append(
+            f"{name}:{p.spec.symbol}: its dispatch slot points into anonymous memory in pid {pid} "
+            f"({live:#x}): probing the exported stub (single-stepped, ~13 µs a call)"
+        )
+    return notes

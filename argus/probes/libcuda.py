@@ -39,6 +39,31 @@ SPECS = (
     S("cuStreamWaitEvent", entry=False),
     S("cuEventCreate", entry=False),
     S("cuEventQuery", entry=False),
+    S("cuGraphLaunch", report_missing=False),
+)
+# Per-thread default stream builds of the runtime (nvcc --default-stream per-thread) call these
+# variants; each counts as its call (the same BPF programs and call id). Many builds lack them.
+_VARIANTS = {
+    "ptsz": (
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cuGraphLaunch",
+        "cuStreamSynchronize",
+        "cuMemcpyHtoDAsync_v2",
+        "cuMemcpyDtoHAsync_v2",
+        "cuMemcpyDtoDAsync_v2",
+        "cuMemsetD8Async",
+        "cuEventRecord",
+        "cuStreamQuery",
+        "cuStreamWaitEvent",
+    ),
+    "ptds": ("cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2", "cuMemcpyDtoD_v2", "cuMemsetD8_v2", "cuMemsetD32_v2"),
+}
+_BASE = {s.symbol: s for s in SPECS}
+SPECS += tuple(
+    S(f"{call}_{suffix}", entry=_BASE[call].entry, handler=call, report_missing=False)
+    for suffix, calls in _VARIANTS.items()
+    for call in calls
 )
 # calls probed at entry only (none: every other CUDA call's result is checked)
 ENTRY_ONLY: frozenset = frozenset()
@@ -46,7 +71,7 @@ ENTRY_ONLY: frozenset = frozenset()
 # launch on the CI VM (docs/benchmarks.md), so it is probed only for --launch-latency and `argus
 # record`. A failed launch still shows: frameworks check every launch and raise, and sticky
 # errors come back from the next sync, whose result is counted.
-LAUNCH_CALLS = frozenset({"cuLaunchKernel", "cuLaunchKernelEx"})
+LAUNCH_CALLS = frozenset({"cuLaunchKernel", "cuLaunchKernelEx", "cuGraphLaunch"})
 
 
 def entry_only(launch_returns: bool) -> frozenset:
@@ -57,7 +82,7 @@ def entry_only(launch_returns: bool) -> frozenset:
 CHANNEL = Channel(
     name="cuda", library_re=r"libcuda\.so(\.\d+)*", source="cuda.bpf.c", specs=SPECS, macro="ARGUS_CUDA"
 )
-register_calls([s.symbol for s in SPECS])
+register_calls([s.symbol for s in SPECS if not s.handler])
 
 SYNC_CALLS = (
     "cuStreamSynchronize",

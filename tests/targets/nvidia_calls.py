@@ -1,6 +1,6 @@
 """Call a real NVIDIA library through ctypes, after a gate, and print the results as one JSON line.
 
-    python nvidia_calls.py cudart|nccl LIBRARY GATE_FILE
+    python nvidia_calls.py cudart|nccl|cuda LIBRARY GATE_FILE
 
 Loads LIBRARY, prints ``loaded`` (the library is mapped: a probe can attach now), waits until
 GATE_FILE exists (the test creates it once `argus probe` is tracing), makes the calls, prints
@@ -86,12 +86,86 @@ def nccl_calls(lib: ctypes.CDLL) -> dict:
     return {"calls": calls, "values": values}
 
 
+CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2
+LAUNCHES = {"exported": 7, "proc-address": 5, "exported _ptsz": 3, "proc-address _ptsz": 2}
+GRAPH_LAUNCHES = 4
+
+
+def cuda_calls(lib: ctypes.CDLL) -> dict:
+    """The driver API both ways in: exported symbols (what code linked against libcuda calls) and
+    pointers from cuGetProcAddress (what libcudart calls). Each launch path gets its own CUfunction
+    (a zeroed buffer: the driver reads it and returns an error), so the probe's per-kernel counts
+    say which path each launch came through. "calls" names each as the call it counts as."""
+    calls, values = [], {}
+    proto = ctypes.CFUNCTYPE(ctypes.c_int, *([ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3))
+    lib.cuGetProcAddress.argtypes = [
+        ctypes.c_char_p,
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_int,
+        ctypes.c_uint64,
+    ]
+
+    def call(name: str, fn: object, *args: object) -> int:
+        rc = int(fn(*args))  # type: ignore[operator]
+        calls.append([name, rc])
+        return rc
+
+    call("cuInit", lib.cuInit, 0)  # 100 (no device) on a host without a GPU
+    v = ctypes.c_int(-1)
+    lib.cuDriverGetVersion(ctypes.byref(v))
+    values["driver_version"] = v.value
+    pointers = {}
+    for label, flags in (
+        ("proc-address", 0),
+        ("proc-address _ptsz", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM),
+    ):
+        pfn = ctypes.c_void_p()
+        rc = lib.cuGetProcAddress(b"cuLaunchKernel", ctypes.byref(pfn), 12000, flags)
+        values[f"cuGetProcAddress {label}"] = [rc, pfn.value or 0]
+        pointers[label] = proto(pfn.value)
+    paths = {
+        "exported": proto(ctypes.cast(lib.cuLaunchKernel, ctypes.c_void_p).value),
+        "exported _ptsz": proto(ctypes.cast(lib.cuLaunchKernel_ptsz, ctypes.c_void_p).value),
+        **pointers,
+    }
+    funcs = {label: ctypes.create_string_buffer(4096) for label in paths}
+    values["functions"] = {label: ctypes.addressof(buf) for label, buf in funcs.items()}
+    for label, fn in paths.items():
+        f = ctypes.c_void_p(ctypes.addressof(funcs[label]))
+        for _ in range(LAUNCHES[label]):
+            call("cuLaunchKernel", fn, f, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+    for _ in range(GRAPH_LAUNCHES):
+        call("cuGraphLaunch", lib.cuGraphLaunch, ctypes.c_void_p(0x2001), None)
+    call("cuStreamSynchronize", lib.cuStreamSynchronize, None)
+    call("cuStreamSynchronize", lib.cuStreamSynchronize_ptsz, None)
+    return {"calls": calls, "values": values}
+
+
+def stub_slot(fn: object) -> int:
+    """The slot an NVIDIA dispatch stub jumps through: its `jmp *disp32(%rip)` (ff 25), read here
+    from the process's own memory, independently of argus."""
+    addr = ctypes.cast(fn, ctypes.c_void_p).value or 0
+    code = ctypes.string_at(addr, 32)
+    at = code.index(b"\xff\x25")
+    return addr + at + 6 + int.from_bytes(code[at + 2 : at + 6], "little", signed=True)
+
+
 def main(argv: list) -> int:
     kind, path, gate = argv
     lib = ctypes.CDLL(path)
+    interposer = None
+    if kind == "cuda-interposed":  # a tool replaced cuLaunchKernel's slot before the probe came
+        interposer = ctypes.CDLL(os.environ["ARGUS_TEST_INTERPOSER"])
+        through = int(os.environ.get("ARGUS_TEST_INTERPOSE_THROUGH", "1"))
+        assert interposer.interpose(ctypes.c_void_p(stub_slot(lib.cuLaunchKernel)), through) == 0
     print("loaded", flush=True)
     wait_gate(gate)
-    out = cudart_calls(lib) if kind == "cudart" else nccl_calls(lib)
+    out = {"cudart": cudart_calls, "nccl": nccl_calls, "cuda": cuda_calls, "cuda-interposed": cuda_calls}[
+        kind
+    ](lib)
+    if interposer is not None:
+        interposer.interposed_count.restype = ctypes.c_long
+        out["values"]["interposed_calls"] = interposer.interposed_count()
     print(json.dumps(out), flush=True)
     return 0
 
