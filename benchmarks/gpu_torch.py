@@ -76,15 +76,20 @@ def run(py: str, out: Path, steps: int, probe: bool, tag: str) -> Dict:
         if probe:
             sys.path.insert(0, str(REPO))
             from argus.agent.session import inspect
+            from argus.probes.base import confirm_stubs
 
             plan = inspect(p.pid)
+            live = {ch: confirm_stubs(p.pid, lp) for ch, lp in plan.items()}  # slots as the job has them
             res["attached"] = {
                 ch: {
                     "library": lp.library.path,
                     "symbols": [
-                        f"{x.spec.symbol}{'' if x.plan.fast else ' (single-stepped: ' + x.plan.insn + ')'}"
+                        f"{x.spec.symbol}"
+                        f"{f' -> {x.target:#x} behind its stub' if x.stub is not None else ''}"
+                        f"{'' if x.plan.fast else ' (single-stepped: ' + x.plan.insn + ')'}"
                         for x in lp.probes
                     ],
+                    "slots": live[ch],
                     "missing_optional": lp.missing_optional,
                 }
                 for ch, lp in plan.items()
