@@ -11,6 +11,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from argus.plain import plain
+
 
 def fmt_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
@@ -109,7 +111,7 @@ def render(
         rank = str(v.rank) if v.rank >= 0 else "?"
         if s is None:
             state = "exited" if v.exited else "waiting for the first step…"
-            t.add_row(rank, str(v.pid), v.host, "-", state, "", "", "", "", "")
+            t.add_row(rank, str(v.pid), plain(v.host), "-", state, "", "", "", "", "")
             continue
         med = statistics.median(v.durations)
         wait = statistics.median(v.waits)
@@ -117,13 +119,13 @@ def render(
         t.add_row(
             rank,
             str(v.pid),
-            v.host,
+            plain(v.host),  # the target's own names: never markup (argus/plain.py)
             str(s["step"]),
             fmt_ns(med),
             f"{fmt_ns(wait)} ({100 * wait / med:.0f}%)" if med else fmt_ns(wait),
             str(v.launched["cuda"]["launches"]["total"]) if v.launched else "-",
             _top_collective(s),
-            _top_kernels(v.launched) if v.launched else "-",
+            plain(_top_kernels(v.launched)) if v.launched else "-",
             _errors(s),
             style=style,
         )

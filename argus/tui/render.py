@@ -10,6 +10,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from argus.plain import plain
 from argus.tui.snapshot import JobSnapshot, RankRow, sort_rows
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
@@ -99,20 +100,20 @@ def rank_table(rows: List[RankRow], title: str = "") -> Table:
     for r in rows:
         cells = [
             str(r.rank),
-            r.host,
+            plain(r.host),  # the ranks' own names: never markup (argus/plain.py)
             str(r.step),
             _ms(r.step_ns),
             phase_bar(r.buckets),
             f"{r.late_ns / 1e6:+.1f}",
             f"{100 * r.last_share:.0f}",
             " ".join(f"{x:.0f}" for x in r.timers_ms) or "-",
-            r.top_coll,
+            plain(r.top_coll),
             f"{r.launches_per_s:.0f}",
             str(r.drops),
         ]
         if gpu:
             cells.append(" ".join(f"{k} {v:g}" for k, v in r.gpu) if r.gpu else "-")
-        cells.append(r.alert)
+        cells.append(plain(r.alert))
         t.add_row(*cells, style=STATE_STYLE.get(r.state, ""))
     return t
 
@@ -128,7 +129,7 @@ def host_table(rows: List[RankRow], limit: int = 12) -> Table:
     for host, rs in ordered[:limit]:
         flagged = sum(1 for r in rs if r.state != "ok")
         t.add_row(
-            host,
+            plain(host),
             str(len(rs)),
             _ms(statistics.median(r.step_ns for r in rs)),
             f"{max(r.late_ns for r in rs) / 1e6:+.1f}",
@@ -155,7 +156,7 @@ def alerts_pane(alerts: Sequence[dict], limit: int = 6) -> RenderableType:
             a.get("kind", ""),
             rtxt,
             f"{st[0]}–{st[1]}",
-            a.get("summary", ""),
+            plain(a.get("summary", "")),
             style="bold red" if a.get("severity") == "critical" else "",
         )
     return t
@@ -169,7 +170,7 @@ def drill_pane(detail: dict) -> RenderableType:
     t.add_column("value")
     for k in ("phases", "collectives", "kernels", "errors"):
         if detail.get(k):
-            t.add_row(k, detail[k])
+            t.add_row(k, plain(str(detail[k])))
     return t
 
 
