@@ -11,6 +11,8 @@ decode invalid UTF-8 as U+FFFD, and keep --json, Redis and the live table valid.
 from __future__ import annotations
 
 import json
+import re
+import statistics
 import subprocess
 import sys
 import time
@@ -141,3 +143,49 @@ def test_hostile_kernel_names(tmp_path: Path, redis_url: str, redis_client: Any)
     assert b"\x1b" not in out and b"\x07" not in out  # nothing reaches the terminal as a control
     assert "ctl\\x0a\\x0d\\x09\\x1b[31mred\\x1b[0m\\x07\\x08end ×6" in text, text[-2000:]
     assert "k[/]markup[bold]x ×5" in text
+
+
+@pytest.mark.redis
+def test_launch_storm_overflows_counted_target_not_stalled(
+    tmp_path: Path, redis_url: str, redis_client: Any
+) -> None:
+    """80,000 kernels launched in turn as fast as the target can, an event recorded after each (a
+    ring-buffer record), a 1-page ring buffer: the ring and the launch map (65,536 keys) overflow.
+    The drops are counted and shown (exit line, Redis heartbeats), the target keeps its pace, and
+    the agent keeps reporting and ends with the target."""
+    exe = build(tmp_path)
+    target, gate = start(exe, tmp_path, "storm", "6")
+    probe = ProbeProc([target.pid], "--launch-steps", "all", "--ringbuf-pages", "1", "--redis", redis_url)
+    try:
+        probe.wait_for("Tracing", timeout=120)
+        gate.touch()
+        out, _ = target.communicate(timeout=60)
+        t_exit = time.monotonic()
+        assert target.returncode == 0
+        assert probe.wait(timeout=30) == 0, probe.stderr
+        t_agent = time.monotonic() - t_exit
+    finally:
+        target.kill()
+        if probe.proc.poll() is None:
+            probe.proc.kill()
+    rates = [float(x.split()[1]) for x in out.splitlines() if x.startswith("rate ")]
+    total = int(out.split("total ")[1])
+    m = re.search(r"dropped records: \{'ringbuf': (\d+), 'aggregation map full': (\d+)\}", probe.stderr)
+    assert m, probe.stderr[-2000:]
+    ring, agg = int(m.group(1)), int(m.group(2))
+    steps = [d for d in probe.steps() if d["step"] is not None]
+    counted = sum(d["cuda"]["launches"]["total"] for d in steps)
+    med = statistics.median(rates)
+    print(
+        f"\nstorm: {total} launches in 6 s, {med:.0f}/s median (min {min(rates):.0f}/s over 0.25 s); "
+        f"drops: ring {ring}, map {agg}; counted {counted} in {len(steps)} steps; agent ended "
+        f"{t_agent:.1f} s after the target"
+    )
+    assert ring > 0 and agg > 0
+    assert counted + agg <= total  # nothing counted twice
+    assert len(steps) >= 5  # the agent kept cutting and printing steps through the storm
+    assert t_agent < 10  # responsive: it noticed the exit and flushed
+    # the target's pace: no 0.25 s window under a fifth of its median (a stall would be ~0)
+    assert len(rates) >= 20 and min(rates[1:]) > 0.2 * med, rates
+    beats = [hb for _, hb in reader.heartbeats(redis_client, steps[0]["job"])]
+    assert beats and max(hb.drops.get("ringbuf", 0) for hb in beats) > 0, [hb.drops for hb in beats]

@@ -1,7 +1,8 @@
 /* A target for tests/reliability/test_hostile_target.py, linked to hostile_libcuda.c's libcuda.so.1.
  *   names GATE STEPS   kernel names of 100 KB, invalid UTF-8, control characters, rich markup,
  *                      empty; name i launched N-i times a step; a step ends in cuStreamSynchronize
- *   storm GATE SECONDS launches as fast as it can; prints launches/s each 0.5 s
+ *   storm GATE SECONDS 80,000 kernels launched in turn as fast as it can, an event recorded after
+ *                      each launch, a sync every 100,000; prints launches/s every 0.25 s
  * Both print "ready" and wait for the file GATE before the first traced call. */
 #include <stdint.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@ CUresult cuModuleGetFunction(CUfunction *, void *, const char *);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         void *, void **, void **);
 CUresult cuStreamSynchronize(void *);
+CUresult cuEventRecord(void *, void *);
 
 #define HUGE (100 * 1024)
 
@@ -59,16 +61,28 @@ int main(int argc, char **argv) {
         printf("done %d steps\n", steps);
         return 0;
     }
-    CUfunction f;
-    if (cuModuleGetFunction(&f, 0, "storm_kernel")) return 4;
+    /* more kernels than the launch map holds (65,536 keys), each launch followed by an event
+     * record (a ring-buffer record): what overflows, and what the agent must count */
+    enum { NF = 80000 };
+    static CUfunction fs[NF];
+    char name[32];
+    for (int i = 0; i < NF; i++) {
+        snprintf(name, sizeof(name), "storm_%d", i);
+        if (cuModuleGetFunction(&fs[i], 0, name)) return 4;
+    }
+    printf("registered\n");
+    fflush(stdout);
+    int ev = 1;
     double end = now() + atof(argv[3]), mark = now();
     uint64_t n = 0, at_mark = 0;
     while (now() < end) {
-        for (int k = 0; k < 1000; k++) cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0);
-        n += 1000;
-        if (n % 100000 == 0) cuStreamSynchronize(0); /* steps of 100k launches */
+        for (int k = 0; k < 100; k++, n++) {
+            cuLaunchKernel(fs[n % NF], 1, 1, 1, 1, 1, 1, 0, 0, 0, 0);
+            cuEventRecord(&ev, 0);
+        }
+        if (n % 100000 == 0) cuStreamSynchronize(0); /* a step: 100,000 launches */
         double t = now();
-        if (t - mark >= 0.5) {
+        if (t - mark >= 0.25) {
             printf("rate %.0f %.3f\n", (n - at_mark) / (t - mark), t);
             fflush(stdout);
             mark = t, at_mark = n;
