@@ -401,9 +401,9 @@ class Engine:
         findings += self._release_l1(d, findings, ex)
         self._attach_gpu(d, findings)
         clocks = d.clocks.evidence()
-        for f in findings if clocks else []:
-            if f.ranks:  # the lateness behind it compared stamps of hosts whose clocks disagree
-                f.evidence.setdefault("identity", {})["clocks"] = clocks
+        for fd in findings if clocks else []:
+            if fd.ranks:  # the lateness behind it compared stamps of hosts whose clocks disagree
+                fd.evidence.setdefault("identity", {})["clocks"] = clocks
         held = {a.id for a in self.book.firing(d.job) if a.kind in L2_KINDS and d.l2.still_flagged(a.ranks)}
         return self._publish(d, t_ns, findings, STEP_KINDS, held=held)
 

@@ -98,7 +98,7 @@ def rank_table(rows: List[RankRow], title: str = "") -> Table:
     for col, just in cols:
         t.add_column(col, justify=just, no_wrap=True, max_width=60 if col == "alert" else None)  # type: ignore[arg-type]
     for r in rows:
-        cells = [
+        cells: List[RenderableType] = [
             str(r.rank),
             plain(r.host),  # the ranks' own names: never markup (argus/plain.py)
             str(r.step),
