@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 from argus.agent import bpfprog, clock, identity
 from argus.agent.attachscan import AttachScans
 from argus.agent.identity import Identity
+from argus.agent.keeper import Keeper
 from argus.agent.launchwin import ATTACH, DETACH, LaunchWindows
 from argus.agent.tracker import STEP_MARKER, RankTracker
 from argus.errors import ArgusError, EnvironmentProblem, NotATarget, SymbolMissing
@@ -100,6 +101,13 @@ class Session:
         self._reread_at: Dict[int, float] = {}  # pid -> its next identity re-read, after the first minute
         bpfprog.preflight()
         self.bpf: Any = bpfprog.load(self.channels, self.opts)
+        # a copy of every uprobe's perf fd in a second process: the probes come out of the job
+        # even when we are killed with SIGKILL (argus/agent/keeper.py)
+        self.keeper = Keeper()
+        if not self.keeper.start():
+            self.health.warnings.append(
+                f"{self.keeper.error}: a SIGKILL of the agent may leave probes behind"
+            )
         self.bpf["records"].open_ring_buffer(self._on_ring)
         self.started_ns = time.monotonic_ns()
         self.py: Any = None  # the Python and host channels (argus/agent/pyagent.py)
@@ -152,6 +160,7 @@ class Session:
         tbl = self.bpf["targets"]
         tbl[key] = tbl.Leaf.from_buffer_copy(bytes(cfg))
         self.targets[pid] = t
+        self.keeper.sync(self.bpf.uprobe_fds)
         # after the probes are live: a thread found inside a probed call now entered it before
         self.scans.scan(pid, list(libs.values()), self._interpreter(pid), is_comm=tracker.is_comm)
         return t
@@ -274,13 +283,20 @@ class Session:
             except Exception as e:  # bcc raises a bare Exception: keep tracing without launches
                 self.health.warnings.append(f"kernel launches are no longer probed: attaching failed ({e})")
                 self._launch_sites.clear()
+            self.keeper.sync(self.bpf.uprobe_fds)
             self.windows.opened(time.monotonic_ns())
         elif what == DETACH:
             self.windows.closed(time.monotonic_ns())
+            held = self.keeper.holds_all(
+                {k: v for k, v in self.bpf.uprobe_fds.items() if k in self._launch_fds}
+            )
             fds = [self.bpf.uprobe_fds.pop(k) for k in self._launch_fds if k in self.bpf.uprobe_fds]
             self._launch_fds.clear()
-            # each removal waits for an RCU grace period (~0.1 s): not on the loop's time
-            threading.Thread(target=_close_fds, args=(fds,), name="argus-detach", daemon=True).start()
+            if held:  # not the last reference: closing ours is cheap, the keeper's close removes them
+                _close_fds(fds)
+                self.keeper.sync(self.bpf.uprobe_fds)
+            else:  # each removal waits for an RCU grace period (~0.1 s): not on the loop's time
+                threading.Thread(target=_close_fds, args=(fds,), name="argus-detach", daemon=True).start()
 
     def _mark_unsampled(self, d: dict) -> None:
         """Launch data of a step the launch probes did not cover whole: dropped, and said so."""
@@ -509,8 +525,9 @@ class Session:
         """Detach everything.
 
         Removing a uprobe waits for an RCU grace period under a global mutex: ~0.11 s each here,
-        8 s for 72 probes. With `background`, a forked child holds the last references and pays
-        that after we are gone; the probes already do nothing (the targets map is cleared first).
+        8 s for 72 probes. The keeper holds the last references and pays that (after we are gone,
+        with `background`); without a keeper, a forked child does. The probes already do nothing
+        (the targets map is cleared first).
         """
         if self.py is not None:
             self.py.close()  # USDT semaphores back to what they were
@@ -518,7 +535,15 @@ class Session:
             self.bpf["targets"].clear()
         except Exception:  # the map may already be gone during shutdown
             pass
-        if background and self.bpf.uprobe_fds:
+        if self.keeper.holds_all(self.bpf.uprobe_fds):
+            # our copies are not the last: closing them is cheap; the keeper removes the probes
+            _close_fds(list(self.bpf.uprobe_fds.values()))
+            self.bpf.uprobe_fds.clear()
+            self.keeper.release()
+            if not background:
+                self.keeper.wait()  # the probes are gone when we return
+        elif background and self.bpf.uprobe_fds:
+            self.keeper.release()  # the child below must not hold the keeper's socket open
             parent = os.getpid()
             if os.fork() == 0:  # child: outlive the parent, then exiting closes the perf fds (slowly)
                 os.setsid()
