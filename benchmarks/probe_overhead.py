@@ -52,10 +52,10 @@ def build_driver() -> Path:
     return out
 
 
-def one_run(driver: Path, libdir: Path, fn: str, n: int, session: Session | None) -> float:
-    p = subprocess.Popen(
-        [str(driver), str(libdir), fn, str(n)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+def timed_run(argv: List[str], session: Session | None) -> float:
+    """Run a C driver that prints "ready", waits for a line, then prints ns per call; attach the
+    session's probes to it in between."""
+    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None and p.stdin is not None
     assert p.stdout.readline().strip() == "ready"
     if session is not None:
@@ -68,6 +68,10 @@ def one_run(driver: Path, libdir: Path, fn: str, n: int, session: Session | None
         session.remove(p.pid)
         session.drain()
     return ns
+
+
+def one_run(driver: Path, libdir: Path, fn: str, n: int, session: Session | None) -> float:
+    return timed_run([str(driver), str(libdir), fn, str(n)], session)
 
 
 def per_hit(reps: int, n: int) -> List[Tuple[str, str, float, float, float]]:
@@ -105,21 +109,7 @@ def build_cudahit() -> Path:
 
 
 def real_launch(driver: Path, lib: Path, n: int, how: str, session: Session | None) -> float:
-    p = subprocess.Popen(
-        [str(driver), str(lib), str(n), how], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    assert p.stdout is not None and p.stdin is not None
-    assert p.stdout.readline().strip() == "ready"
-    if session is not None:
-        session.add(p.pid, identity.of_pid(p.pid))
-    p.stdin.write("go\n")
-    p.stdin.flush()
-    ns = float(p.stdout.readline())
-    p.wait()
-    if session is not None:
-        session.remove(p.pid)
-        session.drain()
-    return ns
+    return timed_run([str(driver), str(lib), str(n), how], session)
 
 
 def real_libcuda_per_hit(reps: int, n: int) -> List[Tuple[str, str, float, float, float]]:

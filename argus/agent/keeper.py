@@ -134,15 +134,15 @@ def serve(fd: int) -> int:
         if msg[:1] == b"+" and fds:
             old = _HELD.pop(name, None)
             if old is not None:
-                _close([old])
+                close_fds([old])
             _HELD[name] = fds[0]
-            _close(fds[1:])
+            close_fds(fds[1:])
         elif msg[:1] == b"-":
             old = _HELD.pop(name, None)
             if old is not None:
-                _close([old])
+                close_fds([old])
         else:
-            _close(fds)
+            close_fds(fds)
     _close_all_and_exit()
     return 0
 
@@ -150,7 +150,7 @@ def serve(fd: int) -> int:
 _HELD: Dict[str, int] = {}
 
 
-def _close(fds: List[int]) -> None:
+def close_fds(fds: List[int]) -> None:
     for f in fds:
         try:
             os.close(f)
@@ -161,7 +161,7 @@ def _close(fds: List[int]) -> None:
 def _close_all_and_exit() -> None:
     held = list(_HELD.values())
     _HELD.clear()
-    _close(held)  # each close removes a uprobe, in a task no fatal signal is pending on
+    close_fds(held)  # each close removes a uprobe, in a task no fatal signal is pending on
     os._exit(0)
 
 

@@ -21,6 +21,7 @@ from argus.agent import bpfprog, clock, identity
 from argus.agent.attachscan import AttachScans
 from argus.agent.identity import Identity
 from argus.agent.keeper import Keeper
+from argus.agent.keeper import close_fds as _close_fds
 from argus.agent.launchwin import ATTACH, DETACH, LaunchWindows
 from argus.agent.tracker import STEP_MARKER, RankTracker
 from argus.errors import ArgusError, EnvironmentProblem, NotATarget, SymbolMissing
@@ -620,11 +621,3 @@ def read_process(pid: int, addr: int, n: int) -> Optional[bytes]:
             return f.read(n)
     except (OSError, ValueError, OverflowError):
         return None
-
-
-def _close_fds(fds: List[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
