@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -118,8 +118,15 @@ def real_libcuda_per_hit(reps: int, n: int) -> List[Tuple[str, str, float, float
     probes (the implementation behind the dispatch stub), and probed at the exported stub itself
     (what Argus did before it saw through stubs: a RIP-relative first instruction, single-stepped)."""
     from argus.probes import base
-    from tests.nvidia_wheels import fetch_libcuda
+    from tests.nvidia_wheels import fetch_libcuda, no_new_device_nodes
 
+    with no_new_device_nodes():  # its cuInit creates /dev/nvidiactl as root
+        return _real_libcuda_per_hit(reps, n, fetch_libcuda, base)
+
+
+def _real_libcuda_per_hit(
+    reps: int, n: int, fetch_libcuda: Any, base: Any
+) -> List[Tuple[str, str, float, float, float]]:
     lib, why = fetch_libcuda()
     if lib is None:
         print(f"(no real libcuda.so.1: {why})")
@@ -265,7 +272,8 @@ def main() -> int:
     for fn, desc, off, on, c in per_hit(reps, n):
         cost[fn] = c
         print(f"| {fn} | {desc} | {off:.0f} | {on:.0f} | {c:.0f} |")
-    real = real_libcuda_per_hit(reps, n)
+    # the real library's sessions add ~30 s (compile, attach, the keeper's removal): not in a smoke run
+    real = [] if args.quick else real_libcuda_per_hit(reps, n)
     if real:
         print(
             f"\n# cuLaunchKernel of NVIDIA's real libcuda.so.1 ({n} calls per run, median of {reps} runs)\n"

@@ -13,7 +13,9 @@ and a one-line reason, for ``pytest.skip(reason)``.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import glob
 import os
 import shutil
 import subprocess
@@ -23,7 +25,7 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,22 @@ def fetch(wheel: Wheel, timeout: float = 1800.0) -> Tuple[Optional[Path], str]:
 # It is downloaded from the machine's own Debian mirror with a private apt configuration (the
 # system's sources stay untouched), unpacked, never installed (FACTS.md, "Real NVIDIA libraries").
 LIBCUDA_DEB = "libcuda1"
+
+
+@contextlib.contextmanager
+def no_new_device_nodes() -> Iterator[None]:
+    """Remove the /dev/nvidia* nodes that appear meanwhile: NVIDIA's libcuda, run as root, creates
+    /dev/nvidiactl in `cuInit` even where no driver is loaded, and a node left behind makes this
+    host look as if it had a GPU (tools, and tests that skip their CPU-only checks, believe it)."""
+    before = set(glob.glob("/dev/nvidia*"))
+    try:
+        yield
+    finally:
+        for node in set(glob.glob("/dev/nvidia*")) - before:
+            try:
+                os.unlink(node)
+            except OSError:
+                pass
 
 
 def _debian_mirror() -> Tuple[Optional[str], str, str]:

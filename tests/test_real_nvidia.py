@@ -17,7 +17,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -230,6 +230,13 @@ def _libcuda() -> Path:
     if path is None:
         pytest.skip(why)
     return path
+
+
+@pytest.fixture(autouse=True)
+def _no_device_nodes_left() -> Iterator[None]:
+    """The real libcuda's cuInit creates /dev/nvidiactl as root: never leave one behind."""
+    with nvidia_wheels.no_new_device_nodes():
+        yield
 
 
 def test_real_libcuda_every_probe_lands_behind_its_dispatch_stub() -> None:
