@@ -5,8 +5,8 @@ makes its ranks look 50 ms late at every collective (and the others early). Sync
 gives a reference that does not depend on any clock: every rank ends step *n* at about the same
 true time (its end-of-step sync returns once the step's last collective completed on every GPU),
 whoever was slow before it. So each host's offset is the median, over recent steps, of its ranks'
-median step end minus the reference host's (the first host seen), and every stamp of its ranks is
-moved back by it before lateness is judged. What a rank does after the last collective (its share
+median step end minus the reference host's (the first by name in the first step seen); every stamp of
+its ranks is moved back by it before lateness is judged. What a rank does after the last collective (its share
 of the optimizer) also moves its end: the median over a host's ranks and steps keeps one slow rank
 out of its host's offset, except on a host with one rank (then that rank's post-collective excess
 is taken for clock and its lateness understated, never overstated).
