@@ -31,6 +31,7 @@ def test_benchmarks_list() -> None:
 
 
 @pytest.mark.bpf
+@pytest.mark.timeout(960)
 def test_quick_benchmarks_print_their_tables() -> None:
     names = ["probe_overhead", "sim_overhead", "footprint"]
     try:
@@ -39,7 +40,9 @@ def test_quick_benchmarks_print_their_tables() -> None:
         names.append("torch_overhead")
     except ImportError:
         pass
-    r = run([sys.executable, "-m", "benchmarks", "--quick", *names], 420)
+    # 225 s alone on this 2-core VM; in the full suite, after the e2e tests, it went past 420 s twice
+    # (probes of earlier agents are still being removed, serially, while these attach)
+    r = run([sys.executable, "-m", "benchmarks", "--quick", *names], 900)
     out = r.stdout
     assert r.returncode == 0, out[-3000:] + r.stderr[-3000:]
     for name in names:
