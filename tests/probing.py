@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, Iterable, List, Mapping, Optional
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 from argus.sim.launcher import SimConfig, SimJob
 from tests.helpers import REPO_ROOT, argus_env, sigint_as_at_a_terminal
@@ -17,8 +17,14 @@ from tests.helpers import REPO_ROOT, argus_env, sigint_as_at_a_terminal
 class ProbeProc:
     """`argus probe -p ... --json` in the background, stdout/stderr read by threads."""
 
-    def __init__(self, pids: Iterable[int], *extra: str, env: Optional[Mapping[str, str]] = None) -> None:
-        args = [sys.executable, "-m", "argus", "probe", "--json", "-i", "0.5s"]
+    def __init__(
+        self,
+        pids: Iterable[int],
+        *extra: str,
+        env: Optional[Mapping[str, str]] = None,
+        prefix: Sequence[str] = (),
+    ) -> None:
+        args = [*prefix, sys.executable, "-m", "argus", "probe", "--json", "-i", "0.5s"]
         for p in pids:
             args += ["-p", str(p)]
         args += list(extra)

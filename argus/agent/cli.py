@@ -529,6 +529,13 @@ class Prober:
             self._output(s.steps())
             if s.health.drops:
                 self._say(f"dropped records: {s.health.drops} — raise --ringbuf-pages or lower --interval")
+            lo = s.health.left_out
+            if lo["launches"] or lo["collectives"]:
+                self._say(
+                    f"in no step: {lo['launches']:,} kernel launches and {lo['collectives']:,} collectives "
+                    f"of {lo['epochs']:,} sync interval(s) before each process's first step boundary "
+                    "(the step it was attached in the middle of)"
+                )
             if self.redis is not None:
                 self._say(self.redis.close())
         finally:

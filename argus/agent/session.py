@@ -14,6 +14,7 @@ import functools
 import os
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -71,6 +72,8 @@ class Health:
     warnings: List[str] = field(default_factory=list)
     # library -> (probes at the implementations behind dispatch stubs, probes, of those single-stepped)
     stubs: Dict[str, Tuple[int, int, int]] = field(default_factory=dict)
+    # traced but in no step (argus.agent.tracker.RankTracker.left_out), summed over targets
+    left_out: Counter = field(default_factory=Counter)
 
 
 class Session:
@@ -436,6 +439,7 @@ class Session:
         out: List[dict] = []
         for t in self.targets.values():
             out.extend(t.tracker.finalize(t.final_before, wall))
+            self.health.left_out.update(t.tracker.take_left_out())
             if not t.alive and not t.flushed:
                 t.flushed = True
                 tail = t.tracker.flush_tail(wall)

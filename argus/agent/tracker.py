@@ -130,6 +130,9 @@ class RankTracker:
         self.last_boundary_sync: Optional[RecSync] = None
         self.ordinal = 0
         self.unassigned_epochs = 0
+        # what was traced but falls in no step: the partial step before the first boundary, epochs
+        # given up while no step period was found ({"epochs", "launches", "collectives"})
+        self.left_out: Counter = Counter()
         self.records_seen = 0
         self.decode_errors = 0
         self.steps_emitted = 0
@@ -300,7 +303,7 @@ class RankTracker:
         out: List[dict] = []
         if self.detector.period is None and not self.detector.step_fn:
             while len(self.queue) > MAX_PENDING_EPOCHS:  # no period yet: bound what we keep
-                self.epochs.pop(self.queue.pop(0), None)
+                self._leave_out(self.queue.pop(0))
                 self.unassigned_epochs += 1
             return out
         keep: List[int] = []
@@ -310,12 +313,27 @@ class RankTracker:
                 continue
             if self.last_boundary is not None:
                 out.append(self.summarize(keep, wall_offset_ns))
+                for x in keep:
+                    self.epochs.pop(x, None)
+            else:  # before the first boundary: a step the agent attached in the middle of
+                for x in keep:
+                    self._leave_out(x)
             self.last_boundary_sync = self.epoch(e).sync
-            for x in keep:
-                self.epochs.pop(x, None)
             keep = []
             self.last_boundary = e
         self.queue = keep
+        return out
+
+    def _leave_out(self, e: int) -> None:
+        """Forget an epoch that is part of no step, counting what it held (never silently)."""
+        d = self.epochs.pop(e, None)
+        self.left_out["epochs"] += 1
+        if d is not None:
+            self.left_out["launches"] += sum(d.launches.values())
+            self.left_out["collectives"] += len(d.nccl)
+
+    def take_left_out(self) -> Counter:
+        out, self.left_out = self.left_out, Counter()
         return out
 
     def flush_tail(self, wall_offset_ns: int = 0) -> Optional[dict]:

@@ -24,6 +24,7 @@ KINDS = (
     "step_spike",
     "step_regression",
     "gpu_throttle",
+    "missing",
 )
 SEVERITY = {
     "hang": "critical",
@@ -33,6 +34,7 @@ SEVERITY = {
     "kernel_degradation": "warning",
     "step_regression": "warning",
     "gpu_throttle": "warning",
+    "missing": "warning",
     "host_stall": "info",
     "step_spike": "info",
 }
@@ -42,9 +44,14 @@ SEVERITY = {
 FAMILY = {"pipeline_bubble": "straggler"}
 
 
-def alert_id(job: str, kind: str, ranks: Iterable[int], comm: Optional[str]) -> str:
+def alert_id(
+    job: str, kind: str, ranks: Iterable[int], comm: Optional[str], key: Optional[str] = None
+) -> str:
+    """`key`, when given, stands for the ranks: a condition of a thing whose ranks change while it
+    lasts (a missing host's ranks come back one by one)."""
     fam = FAMILY.get(kind, kind)
-    key = "\0".join([job, fam, ",".join(str(r) for r in sorted(ranks)), comm or ""])
+    who = key if key is not None else ",".join(str(r) for r in sorted(ranks))
+    key = "\0".join([job, fam, who, comm or ""])
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -91,6 +98,7 @@ class Finding:
     comm: Optional[str] = None
     op: Optional[str] = None
     severity: Optional[str] = None
+    key: Optional[str] = None  # the alert's identity instead of its ranks (see alert_id)
 
 
 class AlertBook:
@@ -117,10 +125,13 @@ class AlertBook:
         out: List[Alert] = []
         seen: Set[str] = set()
         for f in findings:
-            aid = alert_id(job, f.kind, f.ranks, f.comm)
+            aid = alert_id(job, f.kind, f.ranks, f.comm, f.key)
             seen.add(aid)
             a = self.alerts.get(aid)
             if a is not None and a.state == "firing":
+                if f.key is not None:
+                    a.ranks = sorted(f.ranks)
+                    a.hosts = sorted({hosts[r] for r in f.ranks if r in hosts})
                 a.steps[1] = max(a.steps[1], f.steps[1])
                 a.last_seen = t_ns
                 a.evidence = f.evidence

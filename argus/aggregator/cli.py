@@ -265,6 +265,7 @@ def aggregate_cmd(
         st = agg.stats
     click.echo(
         f"{st.entries} summaries, {st.heartbeats} heartbeats, {st.published} alert transitions; "
+        f"{agg.engine.stats.late_dropped} summaries came after their step was judged (left out); "
         f"{st.cpu_s:.1f} s CPU ({st.entries / st.cpu_s if st.cpu_s else 0:.0f} summaries/s)",
         err=True,
     )

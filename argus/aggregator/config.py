@@ -118,6 +118,14 @@ class Thresholds:
     hang_min_s: float = 15.0
     hang_steps: float = 10.0
 
+    # ---- missing ranks ----------------------------------------------------------------------------
+    #: ranks that had reported and then sent nothing for this many judged steps and this much job
+    #: time (while others kept stepping) are said missing — grouped by host — instead of being left
+    #: out of the diagnosis silently. 10 s: an agent's publisher retries a refused or timed-out
+    #: batch for a few seconds, and a restarted agent takes seconds to attach
+    missing_steps: int = 3
+    missing_s: float = 10.0
+
     # ---- resolution -------------------------------------------------------------------------------
     #: an alert whose condition was not seen for this many judged steps is resolved
     resolve_after: int = 5

@@ -43,8 +43,10 @@ STEP_KINDS = {
     "step_spike",
     "step_regression",
     "hang",
+    "missing",
 }
-SPECIFIC = STEP_KINDS - {"step_spike", "step_regression"}
+# kinds that explain a change of the job's step time (a missing host explains nothing of it)
+SPECIFIC = STEP_KINDS - {"step_spike", "step_regression", "missing"}
 #: alerts naming ranks from L2's flags: held while their ranks are still flagged now and then
 L2_KINDS = {"straggler", "pipeline_bubble", "slow_link"}
 PY_WINDOW = 8  # steps of Python phases kept per rank for explanations
@@ -141,6 +143,7 @@ class JobDiag:
     gaps: Deque[Tuple[int, int, int]] = field(default_factory=lambda: deque(maxlen=256))
     absent: Dict[int, int] = field(default_factory=dict)
     reported: Set[int] = field(default_factory=set)
+    beats: Dict[str, int] = field(default_factory=dict)  # host -> newest heartbeat (its agent's clock)
 
     def track_gaps(self, step: int, present: Set[int]) -> None:
         """Before `last_step` moves to `step`: job steps skipped since it are missing for every rank
@@ -272,6 +275,7 @@ class Engine:
         d = self._job(hb.job)
         for r in hb.ranks:
             d.hosts.setdefault(r, hb.host)
+        d.beats[hb.host] = max(d.beats.get(hb.host, 0), hb.ts_ns)
         jb, nxt = self._job_beat(d, hb)
         d.hang.add(jb, nxt)
         base = d.l1.median_step()
@@ -404,8 +408,48 @@ class Engine:
         for fd in findings if clocks else []:
             if fd.ranks:  # the lateness behind it compared stamps of hosts whose clocks disagree
                 fd.evidence.setdefault("identity", {})["clocks"] = clocks
+        findings += self._missing(d, frame.step, t_ns, ex)
         held = {a.id for a in self.book.firing(d.job) if a.kind in L2_KINDS and d.l2.still_flagged(a.ranks)}
         return self._publish(d, t_ns, findings, STEP_KINDS, held=held)
+
+    def _missing(self, d: JobDiag, step: int, t_ns: int, ex: Explainer) -> List[Finding]:
+        """Ranks that had reported and fell silent while the others kept stepping, one finding per
+        host: the levels judge only the ranks present, so without this a host cut off from Redis
+        (or whose agent died) would simply vanish from the diagnosis."""
+        th = self.th
+        silent: Dict[str, List[int]] = {}
+        for r, first in d.absent.items():
+            last_end = d.aligner.last_end.get(r)
+            if last_end is None or step - first + 1 < th.missing_steps:
+                continue
+            if t_ns - last_end >= th.missing_s * 1e9:
+                silent.setdefault(d.hosts.get(r, ""), []).append(r)
+        out: List[Finding] = []
+        newest_beat = max(d.beats.values(), default=0)
+        # ranks back from a silence this long just now: a host's ranks come back one by one (its agent
+        # sends a rank's backlog at a time), which does not make the host's silence partial
+        back = {
+            r for r, lo, hi in d.gaps if step - hi <= th.missing_steps and hi - lo + 1 >= th.missing_steps
+        }
+        for host, rs in sorted(silent.items()):
+            on_host = sorted(r for r in d.reported if d.hosts.get(r, "") == host)
+            first = min(d.absent[r] for r in rs)
+            since = min(d.aligner.last_end[r] for r in rs)
+            beat = d.beats.get(host)
+            beat_age = (newest_beat - beat) / 1e9 if beat is not None and newest_beat else None
+            out.append(
+                ex.missing(
+                    host,
+                    sorted(rs),
+                    on_host,
+                    (first, step),
+                    (t_ns - since) / 1e9,
+                    beat_age,
+                    len(d.reported) - len(rs),
+                    sorted(back & set(on_host)),
+                )
+            )
+        return out
 
     def _release_l1(self, d: JobDiag, findings: List[Finding], ex: Explainer) -> List[Finding]:
         explained = any(f.kind in SPECIFIC for f in findings) or any(

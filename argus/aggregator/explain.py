@@ -3,7 +3,7 @@ person on call can act on."""
 
 from __future__ import annotations
 
-from typing import Any, Deque, Dict, List, Mapping, Optional
+from typing import Any, Deque, Dict, List, Mapping, Optional, Tuple
 
 from argus.aggregator.alerts import Finding
 from argus.aggregator.align import POSITIONS, JobAlign
@@ -255,6 +255,52 @@ class Explainer:
         )
         self.identity(ev, None, [r])
         return Finding("host_stall", [r], (first, step), summary, ev)
+
+    def missing(
+        self,
+        host: str,
+        ranks: List[int],
+        on_host: List[int],
+        steps: Tuple[int, int],
+        silent_s: float,
+        beat_age_s: Optional[float],
+        others: int,
+        back: List[int],
+    ) -> Finding:
+        """Ranks that fell silent while `others` ranks kept stepping (argus.aggregator.engine); `back`:
+        ranks of the host that were silent as long and just reported again."""
+        whole = set(ranks) | set(back) >= set(on_host)
+        where = f"host {host}" if host else "an unnamed host"
+        if beat_age_s is not None and beat_age_s < 5.0:
+            why = (
+                "its agent still sends heartbeats, so their summaries are lost on the way: see the agent's "
+                "drop counters (`argus top`, or its log)"
+            )
+        elif whole:
+            why = "its agent, or its network path to Redis, is down: no sign that its GPUs are slow"
+        else:
+            why = "their agent lost them (a rank or the agent restarted?) or their summaries are dropped"
+        if whole:
+            who = f"{where} missing: its {len(on_host)} rank(s) ({ranks_text(on_host)})"
+            if back:
+                who += f", coming back (rank(s) {ranks_text(back)} report again; not yet {ranks_text(ranks)})"
+        else:
+            who = f"rank(s) {ranks_text(ranks)} of {where}"
+        summary = (
+            f"{who} sent no step summary for {silent_s:.0f} s (since job step {steps[0]}) while "
+            f"{others} other rank(s) kept stepping; {why}. They are left out of the diagnosis "
+            "until they report again (not judged as stragglers)"
+        )
+        ev: Dict[str, Any] = {
+            "host": host,
+            "whole_host": whole,
+            "silent_s": round(silent_s, 1),
+            "ranks_on_host": on_host,
+            "reporting_ranks": others,
+        }
+        if beat_age_s is not None:
+            ev["heartbeat_age_s"] = round(beat_age_s, 1)
+        return Finding("missing", ranks, steps, summary, ev, key=f"host:{host}")
 
     # ---- L3 ---------------------------------------------------------------------------------------
 

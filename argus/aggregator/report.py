@@ -19,6 +19,7 @@ NEXT_STEP = {
     "kernel_degradation": "compare the rank's GPU clocks and temperature with its peers'",
     "step_spike": "look for job-wide events at that step (checkpoint, evaluation, storage)",
     "step_regression": "look for what changed at that step (config, data, co-located load)",
+    "missing": "check the host's agent (is `argus probe` running?) and its network path to Redis",
 }
 
 

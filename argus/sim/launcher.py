@@ -46,6 +46,9 @@ class SimConfig:
     init_config: bool = False
     gate: bool = False
     extra_env: Dict[str, str] = field(default_factory=dict)
+    #: per simulated host index, a command the rank processes of that host are started under (e.g.
+    #: `nsenter --net=/run/netns/h1 --`: tests spread the job over network namespaces)
+    host_prefix: Dict[int, List[str]] = field(default_factory=dict)
 
     def workload(self) -> Workload:
         if self.preset not in PRESETS:
@@ -149,7 +152,7 @@ class SimJob:
             )
             log = open(self.run_dir / f"rank{r}.log", "w")
             self.procs[r] = subprocess.Popen(
-                [self.cfg.python, "-m", "argus.sim.trainer"],
+                [*self.cfg.host_prefix.get(r // rph, []), self.cfg.python, "-m", "argus.sim.trainer"],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
