@@ -391,7 +391,8 @@ class Prober:
 
     def _drop_capabilities(self) -> None:
         """Keep only what attaching to ranks found later needs (argus/agent/privs.py)."""
-        d = privs.drop_capabilities()
+        host = bool(self.py_opts is not None and self.py_opts.host)  # kernel stacks to name
+        d = privs.drop_capabilities(privs.kept(kernel_stacks=host))
         self._say(d.describe())
         if d.error is None:
             for tid in privs.threads_above(d.after):

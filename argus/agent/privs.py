@@ -14,7 +14,11 @@ permitted, inheritable, ambient and bounding sets to what the rest of the run st
   the kernel's uprobe PMU asks for it, CAP_PERFMON is not enough (measured on 6.18: EACCES with
   CAP_PERFMON + CAP_BPF); it also covers the BPF commands on the loaded maps and programs;
 - CAP_SYS_PTRACE, to read other processes' memory and maps (identity, communicators, CPython);
-- CAP_DAC_READ_SEARCH, to open libraries through `/proc/PID/root` whatever their mode.
+- CAP_DAC_READ_SEARCH, to open libraries through `/proc/PID/root` whatever their mode;
+- CAP_SYSLOG, only with the host channel (kernel stacks): `/proc/kallsyms` shows addresses only to
+  it where perf_event_paranoid > 1 (Debian's default is 2 or 3). Without it every kernel address
+  read 0, and bcc's kernel symbolizer re-read the whole file for each frame: the agent stalled
+  9 s at its first host-channel drain, and a rank that exited meanwhile lost its Python stacks.
 Everything else (CAP_NET_ADMIN, CAP_SYS_MODULE, CAP_SETUID, CAP_KILL, ...) is gone for good: not
 even an exec'd child gets it back (bounding set), and no-new-privs blocks setuid binaries.
 Capabilities belong to a thread: the drop happens before the agent starts any thread of its own,
@@ -35,12 +39,14 @@ from argus.errors import PermissionDenied
 CAP_DAC_READ_SEARCH = 2
 CAP_SYS_PTRACE = 19
 CAP_SYS_ADMIN = 21
+CAP_SYSLOG = 34
 CAP_PERFMON = 38
 CAP_BPF = 39
 NAMES = {
     CAP_DAC_READ_SEARCH: "CAP_DAC_READ_SEARCH",
     CAP_SYS_PTRACE: "CAP_SYS_PTRACE",
     CAP_SYS_ADMIN: "CAP_SYS_ADMIN",
+    CAP_SYSLOG: "CAP_SYSLOG",
     CAP_PERFMON: "CAP_PERFMON",
     CAP_BPF: "CAP_BPF",
 }
@@ -68,9 +74,9 @@ def last_cap() -> int:
         return CAP_BPF
 
 
-def kept() -> Tuple[int, ...]:
+def kept(kernel_stacks: bool = False) -> Tuple[int, ...]:
     """The capabilities the agent keeps after attaching (the module's docstring says why each)."""
-    return (CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_SYS_ADMIN)
+    return (CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_SYS_ADMIN) + ((CAP_SYSLOG,) if kernel_stacks else ())
 
 
 def mask(caps: Iterable[int]) -> int:
