@@ -313,12 +313,12 @@ class RankTracker:
                 continue
             if self.last_boundary is not None:
                 out.append(self.summarize(keep, wall_offset_ns))
-                for x in keep:
+            self.last_boundary_sync = self.epoch(e).sync  # before `e` (in `keep`) is forgotten
+            for x in keep:
+                if self.last_boundary is not None:
                     self.epochs.pop(x, None)
-            else:  # before the first boundary: a step the agent attached in the middle of
-                for x in keep:
+                else:  # before the first boundary: the step the agent attached in the middle of
                     self._leave_out(x)
-            self.last_boundary_sync = self.epoch(e).sync
             keep = []
             self.last_boundary = e
         self.queue = keep
