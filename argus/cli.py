@@ -1,22 +1,45 @@
 """The `argus` command line: one click group; each command's body lives in its own module.
 
-Command modules are imported lazily so that `argus --help` and the unprivileged commands
-never import bcc.
+The command modules are imported at startup (none of them imports bcc at import time: only
+running `probe` or `record` does). A module that cannot be imported does not take its commands
+away, nor the others with it: each of its commands is replaced by one that fails with an `ERROR:`
+line naming the import's error (exit 7), `argus --help` marks it unavailable, and `argus doctor`
+lists it. `ARGUS_DEBUG=1` shows the import's traceback.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import click
 
 from argus import __version__
-from argus.errors import ArgusError
+from argus.errors import ArgusError, EnvironmentProblem
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+#: (module, its attribute, the command's name), in the order they are registered
+COMMANDS: Tuple[Tuple[str, str, str], ...] = (
+    ("argus.doctor", "doctor_cmd", "doctor"),
+    ("argus.sim.cli", "sim_group", "sim"),
+    ("argus.tui.top", "top_cmd", "top"),
+    ("argus.tui.commands", "report_cmd", "report"),
+    ("argus.tui.commands", "export_prometheus_cmd", "export-prometheus"),
+    ("argus.demo", "demo_cmd", "demo"),
+    ("argus.replay", "replay_cmd", "replay"),
+    ("argus.aggregator.cli", "diagnose_cmd", "diagnose"),
+    ("argus.aggregator.cli", "aggregate_cmd", "aggregate"),
+    ("argus.aggregator.cli", "alerts_cmd", "alerts"),
+    ("argus.agent.cli", "probe_cmd", "probe"),
+    ("argus.agent.record", "record_cmd", "record"),
+)
+
+#: command name -> why it is unavailable (its module's import error), for `argus doctor`
+UNAVAILABLE: Dict[str, str] = {}
 
 
 @click.group(context_settings=CONTEXT)
@@ -37,38 +60,44 @@ def cli() -> None:
     """
 
 
-def _register() -> None:
-    from argus.doctor import doctor_cmd
-    from argus.sim.cli import sim_group
+def unavailable_command(name: str, module: str, exc: BaseException) -> click.Command:
+    """A stand-in for command `name` whose `module` failed to import with `exc`: listed by
+    `argus --help`, and running it (whatever its arguments, `--help` too) is an EnvironmentProblem."""
+    why = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
 
-    cli.add_command(doctor_cmd)
-    cli.add_command(sim_group)
-    from argus.tui.commands import export_prometheus_cmd, report_cmd
-    from argus.tui.top import top_cmd
+    def fail(args: Tuple[str, ...]) -> None:
+        raise EnvironmentProblem(
+            f"argus {name} is unavailable: importing {module} failed: {why}",
+            f"a broken or incomplete install: `{sys.executable} -m pip check` names missing "
+            "dependencies; reinstall argus-tracer; ARGUS_DEBUG=1 shows the traceback",
+        ) from exc
 
-    cli.add_command(top_cmd)
-    cli.add_command(report_cmd)
-    cli.add_command(export_prometheus_cmd)
-    from argus.demo import demo_cmd
-
-    cli.add_command(demo_cmd)
-    from argus.replay import replay_cmd
-
-    cli.add_command(replay_cmd)
-    from argus.aggregator.cli import aggregate_cmd, alerts_cmd, diagnose_cmd
-
-    cli.add_command(diagnose_cmd)
-    cli.add_command(aggregate_cmd)
-    cli.add_command(alerts_cmd)
-    from argus.agent.cli import probe_cmd
-
-    cli.add_command(probe_cmd)
-    from argus.agent.record import record_cmd
-
-    cli.add_command(record_cmd)
+    return click.Command(
+        name,
+        callback=fail,
+        params=[click.Argument(["args"], nargs=-1, type=click.UNPROCESSED)],
+        context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+        add_help_option=False,
+        short_help=f"UNAVAILABLE: {why}"[:120],
+        help=f"UNAVAILABLE: importing {module} failed: {why}",
+    )
 
 
-_register()
+def register(group: click.Group, commands: Sequence[Tuple[str, str, str]] = COMMANDS) -> Dict[str, str]:
+    """Add `commands` to `group`; return those that could not be imported (name -> why)."""
+    broken: Dict[str, str] = {}
+    for module, attr, name in commands:
+        try:
+            cmd = getattr(importlib.import_module(module), attr)
+        except Exception as e:  # any error importing it (a missing dependency, a bug): not fatal here
+            cmd = unavailable_command(name, module, e)
+            broken[name] = f"importing {module} failed: {type(e).__name__}: {e}"
+        assert isinstance(cmd, click.Command) and cmd.name == name, (module, attr, name)
+        group.add_command(cmd)
+    return broken
+
+
+UNAVAILABLE.update(register(cli))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -18,14 +18,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import click
 
 from argus.errors import EnvironmentProblem, PermissionDenied
-from argus.sim.launcher import SimConfig, SimJob
-
-REPO = Path(__file__).resolve().parents[1]
+from argus.sim.launcher import SimConfig, SimJob, child_pythonpath
 
 
 def free_port() -> int:
@@ -84,6 +82,12 @@ def _exit_soon(procs: List[subprocess.Popen], after_s: float = 20.0) -> None:
 
 def argus(*args: str) -> List[str]:
     return [sys.executable, "-m", "argus", *args]
+
+
+def child_env() -> Dict[str, str]:
+    """The environment of the commands the demo starts: they run this argus (the checkout's or the
+    installed one), from the demo's own directory, not from wherever the demo was started."""
+    return dict(os.environ, PYTHONPATH=child_pythonpath())
 
 
 def start_redis(ps: Processes, workdir: Path) -> str:
@@ -165,8 +169,9 @@ def demo_cmd(
     steps = max(30, int(seconds / step_s))
     onset = max(10, steps // 3)
     workdir = Path(tempfile.mkdtemp(prefix="argus-demo-"))
-    # absolute: the commands below run from the repository
+    # absolute: the commands below run in workdir
     report_path = str(Path(report_path).resolve()) if report_path else str(workdir / "report.png")
+    env = child_env()
     ps = Processes()
     job: Optional[SimJob] = None
     try:
@@ -187,7 +192,9 @@ def demo_cmd(
         pargs = ["probe", "--redis", url, "-i", "0.25s"]
         for pid in job.pids.values():
             pargs += ["-p", str(pid)]
-        probe = ps.start(argus(*pargs), stdout=subprocess.DEVNULL, stderr=probe_log, cwd=str(REPO))
+        probe = ps.start(
+            argus(*pargs), stdout=subprocess.DEVNULL, stderr=probe_log, cwd=str(workdir), env=env
+        )
         _wait_text(workdir / "probe.log", "Tracing", probe, 60)
         agg_log = open(workdir / "aggregate.log", "w")
         ps.start(
@@ -196,7 +203,8 @@ def demo_cmd(
             ),
             stdout=agg_log,
             stderr=subprocess.STDOUT,
-            cwd=str(REPO),
+            cwd=str(workdir),
+            env=env,
         )
         job.release()
         click.echo("  agent attached before the first CUDA call; aggregator running")
@@ -211,11 +219,13 @@ def demo_cmd(
             argus(
                 "diagnose", "--redis", url, "--job", name, "--phases", "forward,backward,optimizer,grad_sync"
             ),
-            cwd=str(REPO),
+            cwd=str(workdir),
+            env=env,
         )
         res = subprocess.run(
             argus("report", "--redis", url, "--job", name, "-o", report_path),
-            cwd=str(REPO),
+            cwd=str(workdir),
+            env=env,
             capture_output=True,
             text=True,
         )

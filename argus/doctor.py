@@ -21,12 +21,12 @@ import re
 import sys
 from dataclasses import asdict, dataclass
 from enum import Enum
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
 
 import click
 
-from argus.errors import PreconditionsFailed
+from argus.errors import ArgusError, PreconditionsFailed
 from argus.hostfacts import (
     CAP_BPF,
     CAP_PERFMON,
@@ -268,6 +268,58 @@ def check_objdump(path: Optional[str]) -> Check:
     )
 
 
+def check_install(where: str, problem: Optional[str], unavailable: Dict[str, str]) -> Check:
+    """The argus package itself: where it is imported from, whether its BPF and simulator sources
+    are there and trusted (`problem`), and which commands could not be imported (argus/cli.py)."""
+    if problem is not None:
+        return Check(
+            "argus install",
+            Status.FAIL,
+            f"{where}: {problem}",
+            "reinstall argus-tracer (pip install . from a checkout, or the wheel); the BPF sources "
+            "are package data (argus/bpf)",
+        )
+    if unavailable:
+        broken = "; ".join(f"{name}: {why}" for name, why in sorted(unavailable.items()))
+        return Check(
+            "argus install",
+            Status.FAIL,
+            f"{where}: commands unavailable: {broken}",
+            f"{sys.executable} -m pip check names missing dependencies; reinstall argus-tracer",
+        )
+    return Check(
+        "argus install",
+        Status.OK,
+        f"{where} (BPF and simulator sources present, writable by no one but root and their owner)",
+    )
+
+
+def gather_install() -> Tuple[str, Optional[str], Dict[str, str]]:
+    """Where this argus is imported from, why the agent would not load its BPF sources or the
+    simulator could not build (None: both fine), and the commands whose import failed."""
+    import argus
+    from argus.cli import UNAVAILABLE
+
+    where = os.path.dirname(os.path.realpath(argus.__file__))
+    problem: Optional[str] = None
+    try:
+        from argus.agent import bpfprog, privs
+        from argus.probes import cpython, host, libcuda, libcudart, libnccl
+        from argus.sim.build import CSRC
+
+        bpfprog.full_text([m.CHANNEL for m in (libcuda, libcudart, libnccl, cpython, host)])  # reads each
+        files = sorted(p.name for p in bpfprog.BPF_DIR.iterdir() if p.is_file())
+        privs.check_trusted(bpfprog.BPF_DIR, files)  # what `argus probe` does before loading them
+        missing = [n for n in ("cuda.c", "nccl.c") if not (CSRC / n).is_file()]
+        if missing:
+            problem = f"simulator sources missing from {CSRC}: {', '.join(missing)}"
+    except ArgusError as e:
+        problem = e.message
+    except Exception as e:  # a missing file, a broken module: say what
+        problem = f"{type(e).__name__}: {e}"
+    return where, problem, dict(UNAVAILABLE)
+
+
 def evaluate(f: Facts) -> List[Check]:
     """All checks, in display order. Pure: depends only on `f`."""
     checks = [
@@ -367,6 +419,7 @@ def doctor_cmd(redis_url: str, as_json: bool) -> None:
     """
     facts = gather_facts(redis_url)
     checks = evaluate(facts)
+    checks.insert(len(checks) - len(facts.probe_errors), check_install(*gather_install()))
     if as_json:
         click.echo(render_json(checks))
     else:

@@ -54,8 +54,14 @@ class Keeper:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             null = subprocess.DEVNULL
+            # `-m` puts the working directory first on sys.path: run from `/`, with this argus's
+            # directory on PYTHONPATH, so root never imports an `argus` planted where it was started
+            pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+            pypath = os.pathsep.join(filter(None, [pkg_parent, os.environ.get("PYTHONPATH")]))
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "argus.agent.keeper", str(theirs.fileno())],
+                cwd="/",
+                env=dict(os.environ, PYTHONPATH=pypath),
                 pass_fds=(theirs.fileno(),),
                 stdin=null,
                 stdout=null,

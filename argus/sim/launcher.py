@@ -26,7 +26,16 @@ from argus.sim.build import build
 from argus.sim.faults import Fault, FaultSpecError, parse_all
 from argus.sim.workload import PRESETS, Workload
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+#: the directory this argus is imported from: the checkout, or site-packages when installed
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]
+
+
+def child_pythonpath() -> str:
+    """PYTHONPATH for the Python processes argus starts (`-m argus...`): they import this same argus
+    whatever their working directory and interpreter (`--python`), never one from their cwd."""
+    return os.pathsep.join(filter(None, [str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")]))
+
+
 LAYOUTS = ("dp", "tp-dp", "pp-dp")
 
 
@@ -129,7 +138,7 @@ class SimJob:
         cfg_path = self.run_dir / "config.json"
         cfg_path.write_text(json.dumps(config, indent=1))
         rph = self.cfg.ranks_per_host
-        pypath = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+        pypath = child_pythonpath()
         self.started_ns = time.monotonic_ns()
         atexit.register(self.stop)  # never leave rank processes behind, whatever happens to the caller
         for r in range(self.cfg.ranks):
