@@ -32,7 +32,8 @@ PACKAGE_PARENT = Path(__file__).resolve().parents[2]
 
 def child_pythonpath() -> str:
     """PYTHONPATH for the Python processes argus starts (`-m argus...`): they import this same argus
-    whatever their working directory and interpreter (`--python`), never one from their cwd."""
+    whatever their interpreter (`--python`) and working directory. `-m` still puts that directory
+    first on sys.path: start them where no other user can write (the run directory, the demo's)."""
     return os.pathsep.join(filter(None, [str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")]))
 
 
