@@ -190,6 +190,6 @@ def check_trusted(directory: Path, files: Iterable[str], code_owner: Optional[in
         if why is not None:
             raise PermissionDenied(
                 f"refusing to load BPF code that a user other than root could change: {why}",
-                f"let only root write there (chown root: PATH; chmod go-w PATH) and retry; "
-                f"scripts/setup.sh does it for {directory}",
+                "let only root write there (chown root: PATH; chmod go-w PATH) and retry; "
+                "in a checkout, sudo scripts/setup.sh does it",
             )
