@@ -257,3 +257,21 @@ def test_a_groups_wait_in_ncclgroupend_counts_as_its_last_operations() -> None:
     _add_group_waits(grouped, [end(50, 90)])
     assert grouped[0][2][5] == 10
     assert isinstance(EpochData().group_ends, list)
+
+
+def test_kernel_names_and_events_remembered_are_bounded() -> None:
+    """A JIT loading kernels without end (or a hostile target) must not grow the agent for ever: past
+    MAX_REMEMBERED the oldest are forgotten, the newest still named."""
+    from argus.agent import tracker as tr
+
+    t = make_tracker()
+    n = tr.MAX_REMEMBERED + 1000
+    for i in range(n):
+        fn = RecFuncName(func=0x1000 + i, result=0, name=b"k%d" % i)
+        set_hdr(fn, **hdr(2, "cuModuleGetFunction", 0, 11 + i))
+        t.on_record(fn)
+        ev = RecEventRecord(event=0x9000000 + i, stream=0x55)
+        set_hdr(ev, **hdr(3, "cuEventRecord", 0, 11 + i))
+        t.on_record(ev)
+    assert len(t.func_names) == len(t.event_stream) == len(t.event_epoch) == tr.MAX_REMEMBERED
+    assert 0x1000 not in t.func_names and t.func_names[0x1000 + n - 1] == f"k{n - 1}"

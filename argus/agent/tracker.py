@@ -45,6 +45,16 @@ def fnv1a64(data: bytes, h: int = FNV_OFFSET) -> int:
 # maps onto the job's communicators by size, call signature and step time.
 SHARED_IDENTITIES = ("table", "init", "split")
 MAX_NRANKS = 1 << 20
+#: per process: kernel names and CUDA events remembered. A JIT that loads kernels without end, or a
+#: process that creates events and never reuses them, must not grow the agent without bound: past
+#: this the oldest are forgotten (a forgotten kernel is named by its address, `fn@0x...`)
+MAX_REMEMBERED = 1 << 16
+
+
+def _remember(d: Dict[int, Any], key: int, value: Any) -> None:
+    if key not in d and len(d) >= MAX_REMEMBERED:
+        del d[next(iter(d))]  # dicts keep insertion order: the oldest goes
+    d[key] = value
 
 
 @dataclass
@@ -172,11 +182,11 @@ class RankTracker:
             self.epoch(e).elapsed.append(r)
         elif isinstance(r, RecEventRecord):
             self.epoch(r.h.epoch).event_records += 1
-            self.event_stream[r.event] = r.stream
-            self.event_epoch[r.event] = r.h.epoch
+            _remember(self.event_stream, r.event, r.stream)
+            _remember(self.event_epoch, r.event, r.h.epoch)
         elif isinstance(r, RecFuncName):
             if r.result == 0 and r.func:
-                self.func_names[r.func] = r.name.decode(errors="replace")
+                _remember(self.func_names, r.func, r.name.decode(errors="replace"))
         elif isinstance(r, RecCommInit):
             self.epoch(r.h.epoch).inits.append(r)
             self._on_comm_init(r)
