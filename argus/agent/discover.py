@@ -23,13 +23,14 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from argus.agent.identity import RANK_VARS, cmdline
 
 GPU_LIBS = ("libcuda.so", "libcudart.so", "libnccl.so")
 LIBCUDA = "libcuda.so.1"
 PYTHON_RE = re.compile(r"python[0-9.]*$")
+KEEPER = "argus.agent.keeper"  # the agent's child that holds its probes (argus/agent/keeper.py)
 
 
 @dataclass
@@ -100,6 +101,19 @@ def _ancestors(procs: Dict[int, Proc], pid: int) -> List[int]:
     return out
 
 
+def _mine(procs: Dict[int, Proc], me: int) -> Set[int]:
+    """The agent, its ancestors and its own helpers: its probe keeper (a Python process whose
+    parent's command line, the agent's, holds the --match pattern itself) and forks of itself.
+    Other children are candidates (a program that started the ranks may look for them)."""
+    agent = procs.get(me)
+    helpers = {
+        p.pid
+        for p in procs.values()
+        if p.ppid == me and (KEEPER in p.cmdline or (agent is not None and p.cmdline == agent.cmdline))
+    }
+    return {me, *_ancestors(procs, me), *helpers}
+
+
 def _helper_of(procs: Dict[int, Proc], p: Proc) -> Optional[int]:
     parent = procs.get(p.ppid)
     if parent is None or parent.exe != p.exe:
@@ -121,7 +135,7 @@ class Pick:
 def pick(procs: Dict[int, Proc], match: Optional[str], me: int, python: bool = False) -> Pick:
     """The ranks among `procs` (pure): see the module doc. `python`: the Python channel is on."""
     rx = re.compile(match) if match else None
-    skip = {me, *_ancestors(procs, me)}
+    skip = _mine(procs, me)
 
     def matches(p: Proc) -> bool:
         if rx is None or rx.search(p.cmdline):
@@ -151,7 +165,7 @@ def candidates(match: Optional[str], python: bool = False) -> Pick:
 
 def suggestions(procs: Dict[int, Proc], me: int, limit: int = 5) -> str:
     """For the HINT when nothing matched: processes that map the libraries, else Python ones."""
-    skip = {me, *_ancestors(procs, me)}
+    skip = _mine(procs, me)
     gpu = [p for p in procs.values() if p.libs and p.pid not in skip]
     pool = gpu or [p for p in procs.values() if p.pid not in skip and p.python]
     if not pool:

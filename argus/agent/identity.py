@@ -30,6 +30,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 from argus.errors import NoSuchProcess, PermissionDenied
 from argus.probes.base import host_path
+from argus.probes.cpython import ns_ids
 from argus.probes.elf import Elf, ElfError
 
 # where the rank came from, strongest first (see the module doc)
@@ -54,21 +55,28 @@ class Identity:
     rank_from: str = NONE  # FLAG | LIVE | NCCL | PROC | INHERITED | NONE
     rank_why: str = "nothing yet (no rank variable)"  # e.g. "RANK in the environment now"
     job_why: str = "its pid"  # e.g. "TORCHELASTIC_RUN_ID"
+    # its pid in its own PID namespace (a container's) when that is not this host's: `pid` is always
+    # the host's (what -p takes and BPF sees), this one what the container's `ps` shows
+    ns_pid: Optional[int] = None
 
     def as_dict(self) -> Dict[str, object]:
-        return {
+        d: Dict[str, object] = {
             "job": self.job,
             "rank": self.rank,
             "local_rank": self.local_rank,
             "world_size": self.world_size,
             "host": self.host,
             "pid": self.pid,
-            "identity": {"rank": self.rank_from, "why": self.describe()},
         }
+        if self.ns_pid is not None:
+            d["ns_pid"] = self.ns_pid
+        d["identity"] = {"rank": self.rank_from, "why": self.describe()}
+        return d
 
     def describe(self) -> str:
         """One line for a person: where the rank and the job came from."""
-        return f"rank from {self.rank_why}; job from {self.job_why}"
+        ns = f"; pid {self.ns_pid} in its PID namespace" if self.ns_pid is not None else ""
+        return f"rank from {self.rank_why}; job from {self.job_why}{ns}"
 
     def with_communicator(self, nranks: int, rank: int) -> Optional[Identity]:
         """The identity the NCCL communicator of `nranks` gives, when it is better than this one
@@ -191,7 +199,7 @@ def from_environ(
 
 
 def _parse_env(items: List[bytes]) -> Dict[str, str]:
-    out = {}
+    out: Dict[str, str] = {}
     for item in items:
         k, eq, v = item.partition(b"=")
         if eq and k:
@@ -355,6 +363,13 @@ def spawning_parent(pid: int) -> Optional[int]:
     return ppid if same else None
 
 
+def ns_pid(pid: int) -> Optional[int]:
+    """The pid of `pid` in its own PID namespace when it lives in one below this /proc's (a
+    container); None when not (or unknown)."""
+    ids = ns_ids(f"/proc/{pid}/status")
+    return ids[-1] if len(ids) > 1 else None
+
+
 def environment(pid: int) -> Tuple[Dict[str, str], str]:
     """(the environment, LIVE or PROC): the live one when it can be read."""
     live = read_live_environ(pid)
@@ -376,7 +391,9 @@ def of_pid(
             penv = {}
         pcmd, mine = cmdline(ppid), cmdline(pid)
         parent = Parent(ppid, pcmd, penv, "--multiprocessing-fork" in mine or mine == pcmd)
-    return from_environ(env, pid, host or socket.gethostname(), job, rank, where, parent)
+    ident = from_environ(env, pid, host or socket.gethostname(), job, rank, where, parent)
+    inner = ns_pid(pid)
+    return dataclasses.replace(ident, ns_pid=inner) if inner is not None else ident
 
 
 def pid_exists(pid: int) -> bool:

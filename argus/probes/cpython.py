@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, Dict, List, Optional, Tuple
 
 from argus.errors import Unsupported
-from argus.probes.base import Channel, MappedLibrary, _maps, find_library
+from argus.probes.base import Channel, MappedLibrary, _maps, find_library, host_path
 from argus.probes.cpython_offsets import NONE, SUPPORTED, SUPPORTED_TEXT, TABLE, Offsets
 from argus.probes.elf import Elf, ElfError
 
@@ -121,13 +121,17 @@ def _version_from_names(*names: str) -> Optional[Tuple[int, int]]:
 def _exe(pid: int) -> Optional[MappedLibrary]:
     try:
         path = os.readlink(f"/proc/{pid}/exe")
-        host = f"/proc/{pid}/exe"
-        st = os.stat(host)
+        st = os.stat(f"/proc/{pid}/exe")
     except OSError:
         return None
-    return MappedLibrary(
-        path, os.path.realpath(host) if os.path.exists(path) else host, (st.st_dev, st.st_ino)
-    )
+    # through the process's root: the same path here may be another file (a container's image has
+    # its own python); /proc/PID/exe when that is not the file it runs (deleted, replaced)
+    host = host_path(pid, path)
+    try:
+        same = os.path.samestat(os.stat(host), st)
+    except OSError:
+        same = False
+    return MappedLibrary(path, host if same else f"/proc/{pid}/exe", (st.st_dev, st.st_ino))
 
 
 def detect(pid: int) -> Optional[MappedLibrary]:
@@ -229,14 +233,66 @@ def _apply_debug_offsets(interp: Interpreter) -> None:
 # ---- threads -------------------------------------------------------------------------------------
 
 
+def ns_ids(status_path: str) -> List[int]:
+    """The NSpid line of a /proc/PID[/task/TID]/status: the id in this /proc's PID namespace, then in
+    each nested one down to the process's own (a container's); [] when unreadable."""
+    try:
+        with open(status_path) as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
 @dataclass
 class ThreadReader:
-    """tid -> PyThreadState* of every thread of the interpreter (re-read on demand)."""
+    """tid -> PyThreadState* of every thread of the interpreter (re-read on demand).
+
+    The tids are this /proc's (the host's, what BPF sees): the interpreter stores the ids of its
+    own PID namespace, which in a container are not the host's, so they are translated."""
 
     interp: Interpreter
     pthread_tid_off: Optional[int] = None
+    nested: Optional[bool] = None  # the process is in a PID namespace below this /proc's
+    ns_tid: Dict[int, int] = field(default_factory=dict)  # host tid -> tid in the process's namespace
 
     def threads(self) -> Dict[int, int]:
+        own = self._own_threads()
+        if not self._nested():
+            return own
+        host = {ns: tid for tid, ns in self._tids().items()}  # listed after the read: none missed
+        return {host[ns]: ts for ns, ts in own.items() if ns in host}
+
+    def _nested(self) -> bool:
+        if self.nested is None:
+            ids = ns_ids(f"/proc/{self.interp.pid}/status")
+            if not ids:  # unreadable (gone): ask again next time
+                return False
+            self.nested = len(ids) > 1
+        return self.nested
+
+    def _tids(self) -> Dict[int, int]:
+        """host tid -> tid in the process's own PID namespace, of every live thread (NSpid read
+        once per thread)."""
+        pid = self.interp.pid
+        try:
+            live = {int(t) for t in os.listdir(f"/proc/{pid}/task") if t.isdigit()}
+        except OSError:
+            return {}
+        if not self._nested():
+            return {t: t for t in live}
+        for tid in [t for t in self.ns_tid if t not in live]:  # a host tid may come back as another thread
+            del self.ns_tid[tid]
+        for tid in live - self.ns_tid.keys():
+            ids = ns_ids(f"/proc/{pid}/task/{tid}/status")
+            if ids:
+                self.ns_tid[tid] = ids[-1]
+        return dict(self.ns_tid)
+
+    def _own_threads(self) -> Dict[int, int]:
+        """tid in the process's own namespace -> thread state, as the interpreter lists them."""
         o = self.interp.offsets
         mem = Mem(self.interp.pid)
         out: Dict[int, int] = {}
@@ -275,10 +331,10 @@ class ThreadReader:
         return tid if tid and tid > 0 else None
 
     def _find_tid_offset(self, mem: Mem, pthread: int) -> Optional[int]:
-        """The offset of `tid` in glibc's struct pthread: where a live thread id of the process is."""
-        try:
-            tids = {int(t) for t in os.listdir(f"/proc/{self.interp.pid}/task")}
-        except OSError:
+        """The offset of `tid` in glibc's struct pthread: where a live thread id of the process is
+        (as the process knows it: in its own PID namespace)."""
+        tids = set(self._tids().values())
+        if not tids:
             return None
         v = mem.i32(pthread + GLIBC_PTHREAD_TID)
         if v in tids:
