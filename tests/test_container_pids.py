@@ -256,12 +256,6 @@ def test_ranks_in_their_own_pid_namespaces_probed_by_host_pid_and_found_by_all(
 
 @pytest.mark.bpf
 @pytest.mark.timeout(240)
-@pytest.mark.xfail(
-    strict=True,
-    reason="argus/probes/base.py find_library keeps os.path.realpath('/proc/PID/root' + path), which "
-    "resolves the magic link to this host's file at that path: the uprobes go on the host's copy, "
-    "not the container's, and no step comes",
-)
 def test_a_container_with_its_own_copies_of_the_libraries(unshare: None, tmp_path: Path) -> None:
     """Each rank's libcuda/libnccl are its own files at the host's paths (a container image). The
     host's files at that path are this test's (the ranks build into ARGUS_CACHE_DIR): no other

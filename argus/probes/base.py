@@ -143,7 +143,15 @@ def find_library(pid: int, pattern: str) -> Optional[MappedLibrary]:
             st = os.stat(host)
         except OSError:
             continue
-        return MappedLibrary(path, os.path.realpath(host), (st.st_dev, st.st_ino))
+        # the plain path where it names the very file (a host process); else the file as the process
+        # sees it, through /proc/PID/root (a container whose image ships its own copy at that path)
+        real = os.path.realpath(host)
+        try:
+            r = os.stat(real)
+            same = (r.st_dev, r.st_ino) == (st.st_dev, st.st_ino)
+        except OSError:
+            same = False
+        return MappedLibrary(path, real if same else host, (st.st_dev, st.st_ino))
     return None
 
 
