@@ -48,6 +48,7 @@ class Straggler:
     rank: int
     factor: float = 1.5  # its compute takes this much longer
     from_step: int = 0
+    to_step: Optional[int] = None  # slow until this step (exclusive); None: to the end
 
 
 @dataclass
@@ -89,7 +90,7 @@ def synthetic_steps(
     `collectives` all-reduces issued during backward (arrival jitter ~`jitter_us`), GPU timers
     (forward, backward, optimizer, comm stream), host wait. A straggler's compute is `factor`
     slower from `from_step` on: it arrives late at every all-reduce, and every rank's step is as
-    long as the straggler's (they wait for it in the final sync)."""
+    long as the straggler's (they wait for it in the final sync); with `to_step` it recovers there."""
     if ranks < 1 or steps < 0:
         raise ValueError("ranks must be >= 1 and steps >= 0")
     rng = random.Random(seed)
@@ -102,11 +103,10 @@ def synthetic_steps(
     t = start_ns if start_ns is not None else time.time_ns() - int(steps * step_ns * 1.1)
     host_offsets = [rng.randrange(10**15, 10**15 + 10**12) for _ in range((ranks - 1) // ranks_per_host + 1)]
     for s in range(first_step, first_step + steps):
-        factors = [
-            (straggler.factor if straggler and r == straggler.rank and s >= straggler.from_step else 1.0)
-            * rng.lognormvariate(0.0, 0.004)
-            for r in range(ranks)
-        ]
+        slow_rank, factor = -1, 1.0
+        if straggler and s >= straggler.from_step and (straggler.to_step is None or s < straggler.to_step):
+            slow_rank, factor = straggler.rank, straggler.factor
+        factors = [(factor if r == slow_rank else 1.0) * rng.lognormvariate(0.0, 0.004) for r in range(ranks)]
         slowest = max(factors)
         duration = int(step_ns * (0.05 + 0.88 * slowest + 0.03)) + rng.randrange(0, 50_000)
         for r in range(ranks):

@@ -30,7 +30,7 @@ import dataclasses
 import hashlib
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 from argus.aggregator.robust import median
 from argus.schema import CommStep, RankStep
@@ -58,6 +58,9 @@ class AlignParams:
     max_pending: int = 64
     #: job steps of reference end times kept
     window: int = 256
+    #: newest job steps whose every end time is kept (older ones: only their median, which is all
+    #: alignment needs; every rank's ends for `window` steps was ~100 MB at 10,000 ranks)
+    raw_steps: int = 16
 
 
 def fit_offset(
@@ -268,7 +271,11 @@ class JobAlign:
     def __init__(self, params: Optional[AlignParams] = None) -> None:
         self.p = params or AlignParams()
         self.ranks: Dict[int, RankAlign] = {}
-        self.ends: Dict[int, List[int]] = {}  # job step -> end times of aligned ranks
+        # ranks given summaries while unaligned: `_holding` looks at these, not at every rank (a scan
+        # of all ranks per summary made a step cost O(ranks²): 2,900 rank-steps/s at 10,000 ranks)
+        self._waiting: Set[int] = set()
+        self.ends: Dict[int, List[int]] = {}  # newest job steps -> end times of aligned ranks
+        self.ref_ends: Dict[int, int] = {}  # older job steps -> the median of their end times
         self.durations: Deque[int] = deque(maxlen=64)
         self.absolute = False  # job steps count from the communicators' creation
         self.anchor: Optional[int] = None  # the job step the numbering was anchored at
@@ -296,6 +303,7 @@ class JobAlign:
             if not ra.pending:
                 ra.since_end = max(self.newest, rs.end_ns)
             ra.pending.append(rs)
+            self._waiting.add(rs.rank)
             if len(ra.pending) > self.p.max_pending:
                 ra.pending.popleft()
                 self.stats.pending_dropped += 1
@@ -324,7 +332,7 @@ class JobAlign:
         return median(list(self.durations)) if self.durations else 0.0
 
     def _ref(self) -> Dict[int, int]:
-        return {g: int(median(v)) for g, v in self.ends.items() if v}
+        return {**self.ref_ends, **{g: int(median(v)) for g, v in self.ends.items() if v}}
 
     def _try_align(self, ra: RankAlign) -> None:
         first = ra.pending[0]
@@ -407,11 +415,12 @@ class JobAlign:
         assert ra.offset is not None
         g = (rs.step or 0) + ra.offset
         others = self.ends.get(g, [])
+        ref = self.ref_ends.get(g)
         step = self.step_ns()
-        if not others or step <= 0 or ra.method == "nccl-seq":
+        if (not others and ref is None) or step <= 0 or ra.method == "nccl-seq":
             return
         tol = max(self.p.tol_frac * step, 1e6)
-        if abs(rs.end_ns - median(others)) <= tol:
+        if abs(rs.end_ns - (ref if ref is not None else median(others))) <= tol:
             ra.misfits = 0
             return
         ra.misfits += 1
@@ -420,6 +429,7 @@ class JobAlign:
             ra.offset, ra.method, ra.misfits = None, "", 0
             ra.why_not = "its step ends stopped matching the job's: aligning it afresh"
             ra.pending.append(rs)
+            self._waiting.add(ra.rank)
 
     def _holding(self) -> bool:
         """Aligned summaries wait while a rank that reported is still being aligned, and at the
@@ -431,18 +441,25 @@ class JobAlign:
         h = max(self.p.hold_s * 1e9, self.p.hold_steps * self.step_ns())
         if len(self.ranks) < self.world and self.newest - self.anchor_end < h:
             return True
-        return any(
-            x.offset is None and x.pending and self.newest - x.since_end < h for x in self.ranks.values()
-        )
+        if not self._waiting:
+            return False
+        # those aligned since are no longer waiting; a new set, as one emptied by discard() keeps
+        # its table and iterating it would cost its largest size (every rank, at the first step)
+        self._waiting = {r for r in self._waiting if self.ranks[r].offset is None and self.ranks[r].pending}
+        return any(self.newest - self.ranks[r].since_end < h for r in self._waiting)
 
     # ---- rewriting --------------------------------------------------------------------------------
 
     def _rewrite(self, ra: RankAlign, rs: RankStep) -> RankStep:
         assert ra.offset is not None
         g = (rs.step or 0) + ra.offset
-        self.ends.setdefault(g, []).append(rs.end_ns)
-        if len(self.ends) > self.p.window:
-            del self.ends[min(self.ends)]
+        if g not in self.ref_ends:  # (an older step's reference is settled)
+            self.ends.setdefault(g, []).append(rs.end_ns)
+        if len(self.ends) > self.p.raw_steps:
+            old = min(self.ends)
+            self.ref_ends[old] = int(median(self.ends.pop(old)))
+            if len(self.ref_ends) + len(self.ends) > self.p.window:
+                del self.ref_ends[min(self.ref_ends)]
         self.top = max(self.top, g)
         comms: Dict[str, CommStep] = {}
         for local, c in rs.comms.items():
