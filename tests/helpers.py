@@ -6,8 +6,11 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Collection, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -104,3 +107,37 @@ def cpython_header_sets(
     if (3, 11) in versions and os.path.isdir(f"{deb}/internal"):
         out.append(("debian 3.11", (3, 11), (deb, "/usr/include/x86_64-linux-gnu/python3.11")))
     return out
+
+
+class ArgusProc:
+    """`argus ARGS...` in the background (under `prefix`, e.g. `nsenter --net=...`), its merged
+    output collected line by line."""
+
+    def __init__(self, *args: str, prefix: Sequence[str] = ()) -> None:
+        self.p = subprocess.Popen(
+            [*prefix, sys.executable, "-m", "argus", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=argus_env(),
+            cwd=str(REPO_ROOT),
+        )
+        self.lines: List[str] = []
+        out = self.p.stdout
+        threading.Thread(target=lambda: self.lines.extend(iter(out.readline, "")), daemon=True).start()  # type: ignore[union-attr]
+
+    def wait_for(self, text: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in x for x in self.lines):
+            assert time.monotonic() < deadline and self.p.poll() is None, (
+                f"no {text!r}:\n{''.join(self.lines)}"
+            )
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.p.kill()

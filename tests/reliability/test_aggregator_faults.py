@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,43 +18,11 @@ import redis
 
 from argus.aggregator.service import k_alerts, k_leader
 from argus.transport import k_steps
-from tests.helpers import REPO_ROOT, argus_env
+from tests.helpers import ArgusProc
 from tests.redisproc import RedisProc
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(180)]
 JOB = "ha-e2e"
-
-
-class Proc:
-    def __init__(self, *args: str) -> None:
-        self.p = subprocess.Popen(
-            [sys.executable, "-m", "argus", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=argus_env(),
-            cwd=str(REPO_ROOT),
-        )
-        self.lines: List[str] = []
-        threading.Thread(
-            target=lambda: self.lines.extend(iter(self.p.stdout.readline, "")), daemon=True
-        ).start()  # type: ignore[union-attr]
-
-    def wait_for(self, text: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not any(text in x for x in self.lines):
-            assert time.monotonic() < deadline and self.p.poll() is None, (
-                f"no {text!r}:\n{''.join(self.lines)}"
-            )
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
 
 
 def _pending(client: redis.Redis, consumer: str) -> int:
@@ -68,17 +33,19 @@ def _pending(client: redis.Redis, consumer: str) -> int:
 def test_a_standby_aggregator_takes_over_from_a_killed_leader(tmp_path: Path) -> None:
     srv = RedisProc(tmp_path / "redis").start()
     url = srv.url
-    procs: List[Proc] = []
+    procs: List[ArgusProc] = []
     try:
-        lead = Proc("aggregate", "--redis", url, "--job", JOB, "--consumer", "lead", "--lease", "2")
+        lead = ArgusProc("aggregate", "--redis", url, "--job", JOB, "--consumer", "lead", "--lease", "2")
         procs.append(lead)
         lead.wait_for("Aggregating")
-        standby = Proc("aggregate", "--redis", url, "--job", JOB, "--consumer", "standby", "--lease", "2")
+        standby = ArgusProc(
+            "aggregate", "--redis", url, "--job", JOB, "--consumer", "standby", "--lease", "2"
+        )
         procs.append(standby)
         standby.wait_for(f"job {JOB}: standing by, lead leads it")
         # 256 ranks as fast as replay goes: the leader reads batches of 1024 and judges each for
         # ~0.1 s, delivered (pending) and not yet acknowledged
-        replay = Proc(
+        replay = ArgusProc(
             "replay", "--synthetic", "256x60", "--straggler", "3:1.5:10", "--job", JOB, "--redis", url
         )
         procs.append(replay)

@@ -16,10 +16,7 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
@@ -28,7 +25,7 @@ import pytest
 import redis
 
 from argus.sim.launcher import SimConfig, SimJob
-from tests.helpers import REPO_ROOT, argus_env
+from tests.helpers import ArgusProc
 from tests.probing import ProbeProc
 
 pytestmark = [
@@ -103,32 +100,6 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
         lab.down()
 
 
-class Lines:
-    """A subprocess whose merged output is collected line by line."""
-
-    def __init__(self, args: List[str]) -> None:
-        self.p = subprocess.Popen(
-            args,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=argus_env(),
-            cwd=str(REPO_ROOT),
-        )
-        self.lines: List[str] = []
-        threading.Thread(
-            target=lambda: self.lines.extend(iter(self.p.stdout.readline, "")), daemon=True
-        ).start()  # type: ignore[union-attr]
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-
-
 def _alerts(client: redis.Redis) -> List[Dict[str, Any]]:
     out: List[Dict[str, Any]] = []
     for key in client.scan_iter(match="argus:*:alerts"):
@@ -171,7 +142,7 @@ def test_a_host_cut_off_is_reported_missing_not_a_straggler_and_recovers(lab: La
                     "redis in its namespace did not start"
                 )
                 time.sleep(0.1)
-        agg = Lines([*lab.enter("redis"), sys.executable, "-m", "argus", "aggregate", "--redis", url])
+        agg = ArgusProc("aggregate", "--redis", url, prefix=lab.enter("redis"))
         job.start()
         job.wait_loaded()
         pids = job.pids
