@@ -186,9 +186,10 @@ def find_pythons() -> Tuple[Tuple[str, str], ...]:
 
 def ping_redis(url: str) -> Optional[str]:
     try:
-        import redis
+        from argus import redisconf
 
-        client = redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=1.0)
+        # as every other command connects: credentials from ARGUS_REDIS_* (an ACL user), TLS options
+        client = redisconf.parse(url).client(timeout_s=1.0)
         try:
             client.ping()
         finally:

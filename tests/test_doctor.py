@@ -6,9 +6,11 @@ import dataclasses
 import errno
 import json
 import os
+from pathlib import Path
 from typing import Dict, List
 
 import pytest
+import redis
 
 from argus import doctor, hostfacts
 from argus.doctor import Check, Status, evaluate, failure
@@ -241,3 +243,24 @@ def test_doctor_as_nobody_fails_politely() -> None:
     assert "ERROR: " in res.stderr and "HINT: " in res.stderr
     assert "privileges" in res.stderr and "sudo argus doctor" in res.stderr
     assert "Traceback" not in out
+
+
+@pytest.mark.redis
+def test_doctor_connects_with_the_redis_credentials_every_command_uses(tmp_path: Path) -> None:
+    """An ACL'd Redis: doctor takes ARGUS_REDIS_PASSWORD like probe and aggregate (it used to connect
+    without it and say 'unreachable: AuthenticationError ... start one')."""
+    from tests.redisproc import RedisProc
+
+    srv = RedisProc(tmp_path / "redis").start()
+    try:
+        redis.Redis(port=srv.port).config_set("requirepass", "pw-of-the-test")
+        pw = {"ARGUS_REDIS_PASSWORD": "pw-of-the-test"}
+        res = run_argus("doctor", "--json", "--redis", srv.url, env=pw)
+        rows = {row["name"]: row for row in json.loads(res.stdout)["checks"]}
+        assert rows["redis"]["status"] == "OK", rows["redis"]
+        res = run_argus("doctor", "--json", "--redis", srv.url)  # no password: said, not a crash
+        rows = {row["name"]: row for row in json.loads(res.stdout)["checks"]}
+        row = rows["redis"]
+        assert row["status"] == "WARN" and "Authentication" in row["detail"], row
+    finally:
+        srv.stop()
