@@ -187,7 +187,7 @@ def probe_cmd(
 
     Attaches eBPF uprobes to the libcuda.so.1 and libnccl.so.2 each process has mapped; nothing
     in the process changes and it is never restarted. Steps are found from the repeating pattern
-    of host syncs and collectives. Needs root (or CAP_BPF + CAP_PERFMON).
+    of host syncs and collectives. Needs root (the uprobe PMU asks for CAP_SYS_ADMIN).
 
     \b
     Examples:
