@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import zlib
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 MS = 1_000_000
 T0 = 1_800_000_000 * 10**9  # a realtime in 2027
@@ -179,3 +179,15 @@ def steps(j: Job) -> list:
     from argus.schema import from_probe
 
     return [from_probe(d) for d in generate(j)]
+
+
+def judge(items: Iterable[Any], th: Optional[Any] = None) -> Any:
+    """An aggregator engine (the trainer's phase names) fed `items` (summaries and heartbeats), flushed."""
+    from argus.aggregator.config import PhaseInfo
+    from argus.aggregator.engine import Engine
+
+    eng = Engine(th, PhaseInfo.parse("forward,backward,optimizer,grad_sync"))
+    for x in items:
+        eng.add(x)
+    eng.flush()
+    return eng

@@ -17,18 +17,14 @@ from argus.aggregator.report import report_data, report_text
 from argus.aggregator.robust import Noise, median, w1_sorted
 from argus.aggregator.state import Aligner, Groups
 from argus.schema import Heartbeat, InFlight, RankStep
-from tests.aggsynth import Faults, Job, generate, steps
+from tests.aggsynth import Faults, Job, generate, judge, steps
 from tests.helpers import run_argus
 
 NAMES = PhaseInfo.parse("forward,backward,optimizer,grad_sync")
 
 
 def run(job: Job, th: Optional[Thresholds] = None) -> Engine:
-    eng = Engine(th, NAMES)
-    for rs in steps(job):
-        eng.add(rs)
-    eng.flush()
-    return eng
+    return judge(steps(job), th)
 
 
 def fired(eng: Engine) -> List[Tuple[str, List[int], int]]:

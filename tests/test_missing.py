@@ -7,20 +7,11 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
 
-from argus.aggregator.config import PhaseInfo
 from argus.aggregator.engine import Engine
 from argus.schema import Heartbeat, RankStep
-from tests.aggsynth import Faults, Job, steps
+from tests.aggsynth import Faults, Job, judge, steps
 
-NAMES = PhaseInfo.parse("forward,backward,optimizer,grad_sync")
-
-
-def _run(items: List[Any]) -> Engine:
-    eng = Engine(None, NAMES)
-    for x in items:
-        eng.add(x)
-    eng.flush()
-    return eng
+_run = judge
 
 
 def _cut(job: Job, ranks: Tuple[int, ...], lo: int, hi: int) -> List[RankStep]:

@@ -24,7 +24,7 @@ from argus.aggregator.config import PhaseInfo
 from argus.aggregator.engine import Engine
 from argus.schema import RankStep
 from argus.sim.launcher import SimConfig, SimJob
-from tests.aggsynth import Faults, Job, steps
+from tests.aggsynth import Faults, Job, judge, steps
 from tests.helpers import run_argus
 from tests.probing import ProbeProc
 
@@ -35,12 +35,7 @@ NAMES = PhaseInfo.parse("forward,backward,optimizer,grad_sync")
 # ---- the aggregator alone, on synthetic summaries (fast) --------------------------------------------
 
 
-def _engine(items: List[RankStep]) -> Engine:
-    eng = Engine(None, NAMES)
-    for rs in items:
-        eng.add(rs)
-    eng.flush()
-    return eng
+_engine = judge
 
 
 def _skewed(job: Job, host: str, skew_ns: int) -> List[RankStep]:
