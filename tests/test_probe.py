@@ -234,6 +234,22 @@ def test_sigterm_detaches_cleanly_and_flushes(tmp_path: Path) -> None:
         job.stop()
 
 
+def test_quiet_prints_no_table_for_services(tmp_path: Path) -> None:
+    """Off a terminal the rank table is printed every interval (a service's log would fill with it):
+    --quiet prints none; notices still go to stderr."""
+    job = SimJob(SimConfig(ranks=1, steps=600, preset="small", run_dir=str(tmp_path))).start()
+    try:
+        wait_steps(job, 2)
+        pid = str(job.pids[0])
+        loud = run_argus("probe", "-p", pid, "-i", "0.5s", "-d", "3s", timeout=120)
+        quiet = run_argus("probe", "-p", pid, "-i", "0.5s", "-d", "3s", "--quiet", timeout=120)
+    finally:
+        job.stop()
+    assert loud.returncode == 0 and quiet.returncode == 0, loud.stderr + quiet.stderr
+    assert loud.stdout.count("argus probe —") >= 3, loud.stdout[-2000:]
+    assert quiet.stdout == "" and "Tracing 1 process(es)" in quiet.stderr, quiet.stdout[-2000:]
+
+
 def test_drops_are_counted_and_explained(tmp_path: Path) -> None:
     _job, probe = probed_run(
         SimConfig(ranks=2, steps=12, layout="tp-dp", preset="heavy", run_dir=str(tmp_path)),

@@ -89,6 +89,13 @@ class DurationType(click.ParamType):
     help="One JSON object per rank per step on stdout (fields: docs/probe.md).",
 )
 @click.option(
+    "-q",
+    "--quiet",
+    is_flag=True,
+    help="Print no rank table (for services: off a terminal it is printed every interval); "
+    "notices still go to stderr, --json still to stdout.",
+)
+@click.option(
     "--redis",
     "redis_url",
     metavar="URL",
@@ -252,6 +259,7 @@ def probe_cmd(
     prober.wait = wait
     prober.launch_window = window
     prober.gpu_metrics = not aux.get("no_gpu_metrics")
+    prober.quiet = bool(aux.get("quiet"))
     return prober.run()
 
 
@@ -260,6 +268,7 @@ class Prober:
 
     py_opts: Optional[Any] = None  # argus.agent.pyagent.PyOptions (Python and host channels)
     gpu_metrics: bool = False  # NVML channel (argus/gpu.py)
+    quiet: bool = False  # no rank table
     gpu: Optional[Any] = None
     launch_window: Optional[Tuple[int, int]] = None  # --launch-steps (argus/agent/launchwin.py)
     wait: bool = False  # --all --wait: no match yet is no error
@@ -404,7 +413,7 @@ class Prober:
 
         console = Console(stderr=False)
         live = None
-        if not self.as_json and console.is_terminal:
+        if not self.as_json and not self.quiet and console.is_terminal:
             live = Live(console=console, refresh_per_second=2, transient=False)
             live.start()
         start = time.monotonic()
@@ -492,7 +501,7 @@ class Prober:
                 f"pid {t.pid}: rank {new.rank} of job {new.job} ({was} before; rank from {new.rank_why})"
             )
         self._output(steps)
-        if self.as_json:
+        if self.as_json or self.quiet:
             return
         header = f"argus probe — {len(self.views)} process(es) — interval {self.interval:g} s"
         footer = [self.redis.footer()] if self.redis is not None else []
