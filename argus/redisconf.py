@@ -129,7 +129,10 @@ def _password(env: Mapping[str, str], warnings: List[str]) -> Optional[str]:
                 f"cannot read {ENV_PASSWORD_FILE}={path}: {type(e).__name__}",
                 "point it at a readable file holding only the password (chmod 600)",
             ) from None
-        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        # group access is fine when the group is this process's own (a Kubernetes Secret mounted
+        # for a non-root pod is readable through its fsGroup, mode 0440, and no other way)
+        own_group = st.st_gid == os.getegid() or st.st_gid in os.getgroups()
+        if st.st_mode & stat.S_IRWXO or (st.st_mode & stat.S_IRWXG and not own_group):
             warnings.append(f"{path} is readable by other users: chmod 600 {path}")
         return secret
     pw = env.get(ENV_PASSWORD)

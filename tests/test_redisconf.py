@@ -81,6 +81,23 @@ def test_credentials_from_env_and_file(tmp_path: Path) -> None:
         parse("redis://h/0", env={ENV_PASSWORD_FILE: str(tmp_path / "missing")})
 
 
+def test_a_password_file_readable_by_our_own_group_only_is_not_warned_about(tmp_path: Path) -> None:
+    """A Kubernetes Secret mounted for a non-root pod is readable through its fsGroup (0440): that
+    group is the process's own, not 'other users'. Another group's access is warned about."""
+    pw = tmp_path / "pw"
+    pw.write_text("x\n")
+    pw.chmod(0o640)
+    if os.geteuid() == 0:
+        os.chown(pw, -1, os.getegid())
+    env = {ENV_PASSWORD_FILE: str(pw)}
+    assert parse("redis://h/0", env=env).warnings == []
+    if os.geteuid() != 0:
+        pytest.skip("giving the file another group needs root")
+    other = next(g for g in range(4242, 70000) if g != os.getegid() and g not in os.getgroups())
+    os.chown(pw, -1, other)
+    assert "chmod 600" in parse("redis://h/0", env=env).warnings[0]
+
+
 def test_probe_refuses_a_password_in_the_url_before_doing_anything() -> None:
     res = run_argus("probe", "-p", str(os.getpid()), "--redis", "redis://u:hunter2@127.0.0.1:1/0")
     assert res.returncode == 2, res.stderr
