@@ -132,12 +132,31 @@ def test_pick_ranks_launchers_and_helpers() -> None:
         ]
     }
     got = pick(procs, "train_script", me=40)
-    assert (got.pids, got.launchers, got.helpers) == ([21, 22], [20], {})  # 23: its parent does not match
+    assert (got.pids, got.launchers, got.helpers) == ([21, 22], [20], {23: 21})  # 23: a worker, not a rank
     everything = pick(procs, None, me=40)
     assert everything.pids == [21, 22, 31, 32]
     assert everything.launchers == [20, 30]
     assert everything.helpers == {23: 21, 33: 31}
     assert "21 python -c from multiprocessing" in discover.suggestions(procs, me=40)
+
+
+def test_pick_matches_an_ancestor_a_slurm_step_with_torchrun_inside() -> None:
+    """`srun torchrun train.py`: the ranks are two levels under `slurmstepd: [JOB.STEP]`; another
+    job's step on the same node is not matched."""
+    procs = {
+        p.pid: p
+        for p in [
+            _p(100, 1, "slurmstepd: [4242.0]", libs=False, exe="/usr/sbin/slurmstepd"),
+            _p(101, 100, "torchrun --nproc-per-node 2 train.py"),  # imports torch: maps libnccl
+            _p(102, 101, "python train.py", gpu=True, RANK="0"),
+            _p(103, 101, "python train.py", gpu=True, RANK="1"),
+            _p(200, 1, "slurmstepd: [4243.0]", libs=False, exe="/usr/sbin/slurmstepd"),
+            _p(201, 200, "torchrun --nproc-per-node 1 train.py"),
+            _p(202, 201, "python train.py", gpu=True, RANK="0"),
+        ]
+    }
+    got = pick(procs, r"^slurmstepd: \[4242\.", me=99)
+    assert (got.pids, got.launchers) == ([102, 103], [101])
 
 
 def test_pick_cpu_only_python_ranks_only_with_the_python_channel_and_a_match() -> None:

@@ -58,8 +58,9 @@ class DurationType(click.ParamType):
 @click.option(
     "--match",
     metavar="REGEX",
-    help="With --all: only processes whose command line, or their parent's, matches "
-    "(torch.multiprocessing.spawn ranks run `python -c ...spawn_main...`).",
+    help="With --all: only processes whose command line, or an ancestor's, matches "
+    "(torch.multiprocessing.spawn ranks run `python -c ...spawn_main...`; torchrun's ranks in a "
+    "Slurm step are two levels under `slurmstepd: [JOB.STEP]`).",
 )
 @click.option(
     "--wait",

@@ -3,8 +3,9 @@
 A rank maps libcuda, libcudart or libnccl; with the Python channel on and a `--match`, a Python
 process that maps none of them (a CPU-only job) is one too. Launchers start ranks in many ways:
 torchrun and Slurm exec the user's script, `torch.multiprocessing.spawn` runs
-`python -c "from multiprocessing.spawn import spawn_main; ..."` — so `--match` is tried against a
-process's command line and its parent's.
+`python -c "from multiprocessing.spawn import spawn_main; ..."`, and a `torchrun` inside a Slurm
+step puts its ranks two levels under `slurmstepd: [JOB.STEP]` — so `--match` is tried against a
+process's command line and every ancestor's.
 Two kinds of process that map the libraries are not ranks:
 
 - a *launcher*: it has no rank variable, has not initialised CUDA (no libcuda.so.1 mapped) and
@@ -140,8 +141,7 @@ def pick(procs: Dict[int, Proc], match: Optional[str], me: int, python: bool = F
     def matches(p: Proc) -> bool:
         if rx is None or rx.search(p.cmdline):
             return True
-        parent = procs.get(p.ppid)
-        return parent is not None and bool(rx.search(parent.cmdline))
+        return any(rx.search(procs[a].cmdline) for a in _ancestors(procs, p.pid) if a in procs)
 
     cpu_too = python and rx is not None  # never every Python process of the host
     cands = [

@@ -16,14 +16,13 @@
 #                 --redis $ARGUS_REDIS_URL
 # - `--all --wait`: the job has no process yet; the agent looks every 2 s and attaches to each one
 #   that maps libcuda/libcudart/libnccl and matches;
-# - `--match`: a process matches when its command line or its PARENT's matches. Slurm's step daemon
-#   names itself `slurmstepd: [JOBID.STEP]`, so the ranks `srun` starts (its direct children) match,
-#   and so do processes the batch script starts directly (their parent's command line is
-#   /var/spool/slurmd/job0JOBID/slurm_script). Ranks one level further down do NOT match: those a
-#   `torchrun` or `mpirun` inside the step spawns (their parent is the launcher, whose parent is
-#   slurmstepd). For those, set ARGUS_SLURM_MATCH in /etc/argus/argus.env: to a regex of your
-#   launchers or scripts (e.g. `torchrun|train\.py`), which may also match another job's processes
-#   on a shared node, or to nothing (`ARGUS_SLURM_MATCH=`) on nodes given to one job at a time.
+# - `--match`: a process matches when its command line or an ANCESTOR's matches. Slurm's step
+#   daemon names itself `slurmstepd: [JOBID.STEP]`, so the ranks `srun` starts match, and so do
+#   those a `torchrun` or `mpirun` inside the step spawns, and the processes the batch script
+#   starts (under /var/spool/slurmd/job0JOBID/slurm_script). ARGUS_SLURM_MATCH in
+#   /etc/argus/argus.env replaces the pattern where a site launches otherwise (it may also match
+#   another job's processes on a shared node), or is empty (`ARGUS_SLURM_MATCH=`) on nodes given
+#   to one job at a time.
 # - `--job slurm-$SLURM_JOB_ID`: every rank on every node of the job under one name, the one the
 #   agent would derive itself for srun-started ranks (docs/probe.md), also for torchrun ranks.
 #
