@@ -33,7 +33,7 @@ PACKAGE_PARENT = Path(__file__).resolve().parents[2]
 def child_pythonpath() -> str:
     """PYTHONPATH for the Python processes argus starts (`-m argus...`): they import this same argus
     whatever their interpreter (`--python`) and working directory. `-m` still puts that directory
-    first on sys.path: start them where no other user can write (the run directory, the demo's)."""
+    first on sys.path: start them where no other user can write (`/`, the demo's own directory)."""
     return os.pathsep.join(filter(None, [str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")]))
 
 
@@ -88,7 +88,7 @@ class SimJob:
         self.w = cfg.workload()
         self._validate()
         self.run_id = secrets.token_hex(4)
-        self.run_dir = Path(cfg.run_dir or tempfile.mkdtemp(prefix=f"argus-sim-{self.run_id}-"))
+        self.run_dir = Path(cfg.run_dir or tempfile.mkdtemp(prefix=f"argus-sim-{self.run_id}-")).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for stale in [*self.run_dir.glob("rank*.jsonl"), *self.run_dir.glob("ready*"), self.run_dir / "go"]:
             stale.unlink(missing_ok=True)  # a reused run dir must not leak a previous run's state
@@ -166,7 +166,9 @@ class SimJob:
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                cwd=str(self.run_dir),
+                # `-m` puts the working directory first on sys.path: `/`, which only root writes, not
+                # the run directory (`argus sim run --run-dir` may name one others can write)
+                cwd="/",
                 start_new_session=True,
             )
             log.close()
