@@ -62,6 +62,7 @@ class RedisProc:
                     time.sleep(0.05)
         finally:
             client.close()
+        self.kill()  # never leave a server behind that the caller will not stop (it never got it)
         raise AssertionError(f"redis-server on {self.port} did not answer")
 
     def kill(self) -> None:
