@@ -425,6 +425,8 @@ class Engine:
             if t_ns - last_end >= th.missing_s * 1e9:
                 silent.setdefault(d.hosts.get(r, ""), []).append(r)
         out: List[Finding] = []
+        if not silent:  # the common case, every judged step: nothing more to look at
+            return out
         newest_beat = max(d.beats.values(), default=0)
         # ranks back from a silence this long just now: a host's ranks come back one by one (its agent
         # sends a rank's backlog at a time), which does not make the host's silence partial
