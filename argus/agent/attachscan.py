@@ -34,6 +34,7 @@ class Blocked:
     sp: int
     pc: int
     comm: int = 0  # the communicator handle found on its stack (an NCCL call), 0 when none
+    away: int = 0  # rescans in a row that read it in a syscall outside the call
 
 
 COMM_SCAN_BYTES = 16 * 1024  # of the blocked thread's stack, from its stack pointer up
@@ -153,10 +154,14 @@ class AttachScans:
     def still_blocked(
         self, pid: int, last_record: Dict[int, int], steps: int, libs: Sequence[LibraryProbes] = ()
     ) -> List[Blocked]:
-        """The scan's blocked threads of `pid` that have not moved since (`last_record`: tid -> ts of
-        the thread's latest ring record; `steps`: summaries the process emitted so far). A thread
-        whose syscall moved (a blocking wait may poll: futex, then a liveness check) is looked at
-        again: still inside the same call, it stays."""
+        """The scan's blocked threads of `pid` that have not left their call (`last_record`: tid ->
+        ts of the thread's latest ring record; `steps`: summaries the process emitted so far). A
+        thread whose syscall moved (a blocking wait may poll: futex, then a liveness check of its
+        peers) is looked at again. It is dropped only on evidence that it left: a probed call since,
+        a step ended, the thread gone, or two rescans in a row that read it in a syscall with the
+        call's frame gone from its stack. A thread read on a CPU (no stack pointer to read) or
+        in a torn read once says nothing: on a loaded host a woken waiter may sit runnable for
+        longer than a scan waits, and dropping it would name a blocked rank as the one missing."""
         st = self.state.get(pid)
         if st is None or not st.blocked:
             return []
@@ -175,10 +180,19 @@ class AttachScans:
                 if rescan is None:
                     rescan = threadscan.scan(pid, self._libraries(pid, libs))
                 t = rescan.thread(b.tid)
-                probed = {lp.library.path.rsplit("/", 1)[-1]: _probed(lp) for lp in libs}
-                if t is None or not t.in_library or _entry_point(t, probed) != b.call:
-                    continue
-                b.sp, b.pc = now
+                if t is None:
+                    if not threadscan.thread_alive(pid, b.tid):
+                        continue
+                elif t.syscall in (None, "running"):
+                    pass  # on a CPU, or unreadable: nothing learned
+                else:
+                    probed = {lp.library.path.rsplit("/", 1)[-1]: _probed(lp) for lp in libs}
+                    if t.in_library and _entry_point(t, probed) == b.call:
+                        b.sp, b.pc, b.away = now[0], now[1], 0
+                    else:
+                        b.away += 1
+                        if b.away >= 2:
+                            continue
             keep.append(b)
         st.blocked = keep
         return keep
