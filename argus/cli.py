@@ -17,7 +17,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import click
 
-from argus import __version__
+from argus import __version__, conffile
 from argus.errors import ArgusError, EnvironmentProblem
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -44,7 +44,16 @@ UNAVAILABLE: Dict[str, str] = {}
 
 @click.group(context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="argus")
-def cli() -> None:
+@click.option(
+    "--config",
+    "config_path",
+    metavar="FILE",
+    default=None,
+    help=f"TOML file of defaults for every command [default: ${conffile.ENV_CONFIG}, else "
+    f"{conffile.DEFAULT_PATH} when present]. Flags and ARGUS_<COMMAND>_<OPTION> variables win over it.",
+)
+@click.pass_context
+def cli(ctx: click.Context, config_path: Optional[str]) -> None:
     """Argus: always-on eBPF tracer and performance doctor for LLM training jobs.
 
     Attaches to running training processes (no restart, no env var), measures CUDA, NCCL
@@ -57,7 +66,16 @@ def cli() -> None:
       sudo argus demo                         # 8-rank simulated job with a straggler
       sudo argus probe -p 4242                # live per-step summary of one rank
       argus sim run --ranks 8 --steps 50 --inject straggler:rank=3,factor=1.5
+      argus --config site.toml top             # flags from [top] and [redis] of a TOML file
+
+    Every option also reads ARGUS_<COMMAND>_<OPTION> (ARGUS_PROBE_INTERVAL=2s); docs/config.md.
     """
+    if ctx.resilient_parsing:
+        return
+    cfg = conffile.load(cli, config_path, os.environ)
+    conffile.apply_env(cfg, os.environ)
+    ctx.default_map = cfg.default_map
+    ctx.meta["argus.config"] = cfg.path
 
 
 def unavailable_command(name: str, module: str, exc: BaseException) -> click.Command:
@@ -98,6 +116,7 @@ def register(group: click.Group, commands: Sequence[Tuple[str, str, str]] = COMM
 
 
 UNAVAILABLE.update(register(cli))
+conffile.name_envvars(cli)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -86,8 +86,22 @@ def argus(*args: str) -> List[str]:
 
 def child_env() -> Dict[str, str]:
     """The environment of the commands the demo starts: they run this argus (the checkout's or the
-    installed one), from the demo's own directory, not from wherever the demo was started."""
-    return dict(os.environ, PYTHONPATH=child_pythonpath())
+    installed one), from the demo's own directory, not from wherever the demo was started. They
+    read no config file and no ARGUS_<COMMAND>_<OPTION> variable: the demo is the same everywhere,
+    whatever a site set for its real jobs (argus/conffile.py)."""
+    from argus.cli import cli
+
+    site = {p.envvar for c in cli.commands.values() for p in _all_params(c) if isinstance(p.envvar, str)}
+    env = {k: v for k, v in os.environ.items() if k not in site}
+    return dict(env, PYTHONPATH=child_pythonpath(), ARGUS_CONFIG="")
+
+
+def _all_params(cmd: click.Command) -> List[click.Parameter]:
+    out = list(cmd.params)
+    if isinstance(cmd, click.Group):
+        for c in cmd.commands.values():
+            out += _all_params(c)
+    return out
 
 
 def start_redis(ps: Processes, workdir: Path) -> str:

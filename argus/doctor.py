@@ -294,6 +294,20 @@ def check_install(where: str, problem: Optional[str], unavailable: Dict[str, str
     )
 
 
+def check_config(path: Optional[str]) -> Check:
+    """Which TOML config file the commands read (argus/conffile.py); a broken one never gets here:
+    it stops every command, doctor included, with its own ERROR."""
+    from argus import conffile
+
+    if path is None:
+        return Check(
+            "config",
+            Status.INFO,
+            f"none: built-in defaults ({conffile.DEFAULT_PATH} absent, ${conffile.ENV_CONFIG} unset)",
+        )
+    return Check("config", Status.OK, f"{path} (read and checked; flags and ARGUS_<COMMAND>_<OPTION> win)")
+
+
 def gather_install() -> Tuple[str, Optional[str], Dict[str, str]]:
     """Where this argus is imported from, why the agent would not load its BPF sources or the
     simulator could not build (None: both fine), and the commands whose import failed."""
@@ -420,6 +434,9 @@ def doctor_cmd(redis_url: str, as_json: bool) -> None:
     facts = gather_facts(redis_url)
     checks = evaluate(facts)
     checks.insert(len(checks) - len(facts.probe_errors), check_install(*gather_install()))
+    ctx = click.get_current_context(silent=True)
+    meta = ctx.meta if ctx is not None else {}
+    checks.insert(len(checks) - len(facts.probe_errors), check_config(meta.get("argus.config")))
     if as_json:
         click.echo(render_json(checks))
     else:

@@ -84,6 +84,13 @@ class PreconditionsFailed(ArgusError):
     exit_code = 12
 
 
+class ConfigError(ArgusError):
+    """The TOML config file (argus --config, $ARGUS_CONFIG, /etc/argus/argus.toml) is unreadable or
+    names a key or value no command takes."""
+
+    exit_code = 13
+
+
 EXIT_CODES: dict[str, int] = {
     cls.__name__: cls.exit_code
     for cls in (
@@ -99,5 +106,6 @@ EXIT_CODES: dict[str, int] = {
         Unsupported,
         SimulationFailed,
         PreconditionsFailed,
+        ConfigError,
     )
 }

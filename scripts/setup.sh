@@ -20,7 +20,7 @@ cd "$REPO_ROOT"
 
 ARCH=$(dpkg --print-architecture)
 PACKAGES=(bpfcc-tools python3-bpfcc "linux-headers-$ARCH" redis-server gcc make bpftrace python3-venv
-    binutils curl)
+    binutils curl shellcheck)
 
 pkg_installed() {
     [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true) == "install ok installed" ]]

@@ -75,7 +75,7 @@ if [[ -n $match ]]; then
     args+=(--match "$match")
 fi
 
-mkdir -p -m 0700 "$ARGUS_STATE_DIR" "$ARGUS_LOG_DIR"
+install -d -m 0700 "$ARGUS_STATE_DIR" "$ARGUS_LOG_DIR"  # 0700 even when they exist already
 pidfile=$ARGUS_STATE_DIR/slurm-$SLURM_JOB_ID.pid
 log=$ARGUS_LOG_DIR/slurm-$SLURM_JOB_ID.log
 
