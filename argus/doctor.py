@@ -22,7 +22,6 @@ import sys
 from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Dict, List, Optional, Tuple
-from urllib.parse import urlsplit
 
 import click
 
@@ -405,8 +404,10 @@ def render_json(checks: List[Check]) -> str:
 
 
 def _validate_url(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    if urlsplit(value).scheme not in ("redis", "rediss", "unix"):
-        raise click.BadParameter("expected redis://HOST:PORT/DB, rediss://… or unix://PATH")
+    if value.split("://", 1)[0].lower() not in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
+        raise click.BadParameter(
+            "expected redis://HOST:PORT/DB, rediss://…, unix://PATH or redis+cluster://HOST:PORT,HOST:PORT"
+        )
     return value
 
 

@@ -101,8 +101,9 @@ class DurationType(click.ParamType):
     "redis_url",
     metavar="URL",
     default=None,
-    help="Also publish summaries and heartbeats to Redis: redis://HOST:PORT/DB, rediss://... (TLS) or "
-    "unix:///path. Credentials: ARGUS_REDIS_USERNAME, ARGUS_REDIS_PASSWORD or ARGUS_REDIS_PASSWORD_FILE "
+    help="Also publish summaries and heartbeats to Redis: redis://HOST:PORT/DB, rediss://... (TLS), "
+    "unix:///path or a cluster's seeds, redis+cluster://HOST:PORT,HOST:PORT. Credentials: "
+    "ARGUS_REDIS_USERNAME, ARGUS_REDIS_PASSWORD or ARGUS_REDIS_PASSWORD_FILE "
     "(never in the URL). See docs/schema.md.",
 )
 @click.option(

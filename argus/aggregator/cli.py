@@ -239,7 +239,9 @@ def aggregate_cmd(
 
     def show(a: object) -> None:
         if not quiet:
-            click.echo(f"{a.state.upper():8} {a.kind:18} ranks {a.ranks} steps {a.steps}: {a.summary}")  # type: ignore[attr-defined]
+            click.echo(  # the job too: one aggregator serves every job in argus:jobs by default
+                f"{a.state.upper():8} {a.kind:18} job {a.job} ranks {a.ranks} steps {a.steps}: {a.summary}"  # type: ignore[attr-defined]
+            )
 
     agg = Aggregator(
         _client(redis_url),

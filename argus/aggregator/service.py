@@ -282,13 +282,20 @@ class Aggregator:
     def _publish(self, job: str, alerts: List[Alert]) -> None:
         if not alerts:
             return
+        from argus.redisconf import is_cluster
+
+        cluster = is_cluster(self.r)
         pipe = self.r.pipeline(transaction=False)
         for a in alerts:
             data = alert_json(a)
             pipe.xadd(k_alerts(a.job), {"d": data}, maxlen=ALERTS_MAXLEN, approximate=True)
-            pipe.publish(k_alerts(a.job), data)
+            if not cluster:
+                pipe.publish(k_alerts(a.job), data)
             pipe.hset(k_alert_state(a.job), a.id, data)
         pipe.execute()
+        if cluster:  # a cluster pipeline refuses PUBLISH (it goes to every node): after the stream
+            for a in alerts:
+                self.r.publish(k_alerts(a.job), alert_json(a))
         self.stats.published += len(alerts)
         if self.on_alert is not None:
             for a in alerts:
