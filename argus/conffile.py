@@ -10,7 +10,7 @@ the key before any command starts, not a flag silently ignored at 3 a.m.
 
     [redis]                       # every command that takes --redis
     url = "redis://10.0.0.5:6379/0"
-    username = "agent"            # as ARGUS_REDIS_USERNAME (the environment wins)
+    username = "argus-agent"      # as ARGUS_REDIS_USERNAME (the environment wins)
     password_file = "/etc/argus/agent.pw"   # as ARGUS_REDIS_PASSWORD_FILE; never a password here
 
     [probe]                       # `argus probe`: its long option names, - or _

@@ -115,6 +115,7 @@ class GpuMetrics:
             "mem_clock_mhz": t(n.nvmlDeviceGetClockInfo, h, 2),  # NVML_CLOCK_MEM
             "sm_clock_max_mhz": t(n.nvmlDeviceGetMaxClockInfo, h, 1),
             "throttle": throttle_names(int(reasons)) if reasons is not None else None,
+            "throttle_mask": int(reasons) if reasons is not None else None,
             "util_gpu_pct": getattr(util, "gpu", None),
             "util_mem_pct": getattr(util, "memory", None),
             "power_w": power / 1000.0 if power is not None else None,
@@ -213,6 +214,62 @@ class GpuMetrics:
                 self.nvml.nvmlShutdown()
             except Exception:
                 pass
+
+
+# what a step summary carries of a device sample (RankStep.gpu): numbers only, a few dozen bytes
+# on the wire. Throttle reasons travel as NVML's bit mask; `xid` is the last XID of the interval.
+COMPACT = {
+    "device": "device",
+    "sm_clock_mhz": "sm_mhz",
+    "sm_clock_max_mhz": "sm_max_mhz",
+    "util_gpu_pct": "util_pct",
+    "util_mem_pct": "mem_util_pct",
+    "power_w": "power_w",
+    "power_limit_w": "power_limit_w",
+    "temp_c": "temp_c",
+    "throttle_mask": "throttle",
+    "pcie_replays": "pcie_replays",
+}
+# reasons that say nothing is wrong: an idle GPU, clocks an administrator set, a display
+BENIGN_REASONS = 0x1 | 0x2 | 0x100
+
+
+def compact(sample: Dict[str, Any]) -> Dict[str, float]:
+    """The numbers of one device sample (GpuMetrics.for_pid) a step summary carries."""
+    out: Dict[str, float] = {}
+    for k, short in COMPACT.items():
+        v = sample.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[short] = round(float(v), 1)
+    if sample.get("mem_used_bytes") is not None:
+        out["mem_used_gib"] = round(float(sample["mem_used_bytes"]) / 2**30, 2)
+    xids = sample.get("xid") or []
+    if xids:
+        out["xids"] = float(len(xids))
+        out["xid"] = float(xids[-1].get("xid", 0))
+    nv = sample.get("nvlink") or {}
+    if nv.get("errors"):
+        out["nvlink_errors"] = float(sum(int(v) for v in nv["errors"].values()))
+    return out
+
+
+def trouble(g: Dict[str, float]) -> str:
+    """What a compact sample says is wrong with the GPU, in words ("" when nothing): throttle
+    reasons that are not benign, XID errors, link errors."""
+    parts = []
+    mask = int(g.get("throttle", 0)) & ~BENIGN_REASONS
+    if mask:
+        clock = ""
+        if g.get("sm_mhz") and g.get("sm_max_mhz"):
+            clock = f" (SM clock {g['sm_mhz']:g} of {g['sm_max_mhz']:g} MHz)"
+        parts.append("clocks held down: " + ", ".join(throttle_names(mask)) + clock)
+    if g.get("xids"):
+        parts.append(f"{g['xids']:g} XID error(s), the last XID {g.get('xid', 0):g}")
+    if g.get("nvlink_errors"):
+        parts.append(f"{g['nvlink_errors']:g} NVLink error(s)")
+    if g.get("pcie_replays"):
+        parts.append(f"{g['pcie_replays']:g} PCIe replays")
+    return "; ".join(parts)
 
 
 def _text(v: Any) -> Optional[str]:

@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from argus.gpu import compact as gpu_compact
 from argus.kde import Cluster, compress
 
 SCHEMA_VERSION = 1
@@ -89,6 +90,9 @@ class RankStep:
     # Python channel: ns per training phase of the main thread (forward, backward, optimizer, data,
     # ...; sampled, so only for display and explanations, never judged like GPU timers)
     py_phases: Dict[str, int] = field(default_factory=dict)
+    # NVML's latest sample of the rank's device (argus.gpu.compact): clocks, throttle mask,
+    # utilisation, power, temperature, XID and link errors; empty without NVML
+    gpu: Dict[str, float] = field(default_factory=dict)
 
     @property
     def end_ns(self) -> int:
@@ -225,6 +229,7 @@ def from_probe(d: dict) -> RankStep:
         py_phases={
             str(k): int(v) for k, v in (d.get("python") or {}).get("phases", {}).items() if int(v) > 0
         },
+        gpu=gpu_compact(d["gpu"]) if isinstance(d.get("gpu"), dict) else {},
     )
 
 

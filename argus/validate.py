@@ -86,6 +86,20 @@ def str_int_map(v: Any, what: str, rng: Tuple[int, int] = I64) -> Dict[str, int]
     return m
 
 
+def str_num_map(v: Any, what: str, cap: int, limit: float) -> Dict[str, float]:
+    """A small map of names to finite numbers (ints or floats) of magnitude at most `limit`."""
+    m = as_map(v, what, cap)
+    out: Dict[str, float] = {}
+    for k, x in m.items():
+        as_str(k, f"{what} key", 32)
+        if type(x) not in (int, float):
+            raise WireError("type", f"{what}[{k}]: {type(x).__name__}, not a number")
+        if not -limit <= x <= limit:  # also rejects NaN
+            raise WireError("range", f"{what}[{k}]: {x} outside [-{limit:g}, {limit:g}]")
+        out[k] = float(x)
+    return out
+
+
 MAX_KEY = 8  # wire keys are short strings; anything else is not what an encoder wrote
 
 

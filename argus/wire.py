@@ -50,6 +50,7 @@ from argus.validate import (
     known_keys,
     opt_int,
     str_int_map,
+    str_num_map,
 )
 
 SUPPORTED_VERSIONS = frozenset({1})
@@ -58,6 +59,7 @@ MAX_NAME = 4096  # kernel names (mangled C++ templates are long)
 MAX_COMMS = 512
 MAX_INSTANCES = 65536  # collectives (or p2p calls) per communicator per step
 MAX_CLUSTERS = 64
+MAX_GPU_KEYS = 32
 HOST_SCALE = 16  # per-instance host time: round(16·log2 ns)
 HOST_REL_ERROR = 2.0 ** (1.0 / (2 * HOST_SCALE)) - 1.0
 ARRIVAL_ABS_ERROR_NS = 500
@@ -74,6 +76,7 @@ STEP_FIELDS = {
     "clock_uncertainty_ns": "cu", "sync_count": "sc", "sync_wait_ns": "sw", "phases": "ph",
     "phase_stream": "ps", "py_phases": "pp", "launches": "l", "launches_sampled": "lu", "kernels": "k/kx",
     "launch_api_ns": "la", "memcpy": "mc", "errors": "e", "comms": "c", "drops": "dr", "version": "v",
+    "gpu": "g",
 }  # fmt: skip
 COMM_FIELDS = {
     "comm": "id", "nranks": "n", "rank": "r", "identity": "i", "seqs": "s0/sd", "ops": "op", "nbytes": "b",
@@ -241,6 +244,8 @@ def encode_step(rs: RankStep, inline: Collection[str] = ()) -> bytes:
         d["c"] = [_enc_comm(c, t0) for c in rs.comms.values()]
     if rs.drops:
         d["dr"] = rs.drops
+    if rs.gpu:
+        d["g"] = {k: int(v) if float(v).is_integer() else v for k, v in rs.gpu.items()}
     return msgpack.packb(d, use_bin_type=True)  # type: ignore[no-any-return]
 
 
@@ -384,7 +389,7 @@ def _dec_comm(d: Any, t0: int, ignored: Optional[Set[str]]) -> CommStep:
 
 _STEP_KEYS = {
     "v", "j", "r", "h", "p", "s", "t0", "dt", "ss", "lr", "w", "co", "cu", "sc", "sw", "ph", "ps", "pp", "l",
-    "lu", "k", "kx", "la", "mc", "e", "c", "dr",
+    "lu", "k", "kx", "la", "mc", "e", "c", "dr", "g",
 }  # fmt: skip
 
 
@@ -477,6 +482,8 @@ def _dec_step(
             rs.comms[c.comm] = c
     if "dr" in d:
         rs.drops = str_int_map(d["dr"], "drops", NONNEG)
+    if "g" in d:
+        rs.gpu = str_num_map(d["g"], "gpu", MAX_GPU_KEYS, 1e15)
     return rs
 
 

@@ -99,14 +99,15 @@ def wait_steps(job: SimJob, n: int, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def probed_run(cfg: SimConfig, *extra: str) -> tuple:
-    """Start a gated job, attach the probe before the first CUDA call, run to the end."""
+def probed_run(cfg: SimConfig, *extra: str, env: Optional[Mapping[str, str]] = None) -> tuple:
+    """Start a gated job, attach the probe before the first CUDA call, run to the end (the probe's
+    environment: this one plus `env`)."""
     cfg.gate = True
     job = SimJob(cfg).start()
     probe: Optional[ProbeProc] = None
     try:
         job.wait_loaded()
-        probe = ProbeProc(job.pids.values(), *extra)
+        probe = ProbeProc(job.pids.values(), *extra, env=env)
         probe.wait_for("Tracing")
         job.release()
         job.wait()

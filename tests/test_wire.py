@@ -234,6 +234,13 @@ def rank_steps(draw: Any) -> RankStep:
         errors=draw(st.dictionaries(text, st.dictionaries(st.integers(-(2**31), 2**31), small, max_size=3))),
         comms=comms,
         drops=draw(st.dictionaries(text, small, max_size=3)),
+        gpu=draw(
+            st.dictionaries(
+                st.text(min_size=1, max_size=32),
+                st.floats(-1e12, 1e12, allow_nan=False) | st.integers(0, 10**6).map(float),
+                max_size=12,
+            )
+        ),
     )
 
 
@@ -367,3 +374,14 @@ def test_new_identities_keep_older_readers_working() -> None:
     assert wire.decode_step(wire.encode_step(rs), {}).comms[cid].identity == "accessors"
     rs.comms[cid].identity = "init"
     assert "ix" not in msgpack.unpackb(wire.encode_step(rs), strict_map_key=False)["c"][0]
+
+
+def test_gpu_metrics_travel_and_nonsense_is_refused() -> None:
+    g = {"device": 3.0, "sm_mhz": 1095.0, "sm_max_mhz": 1980.0, "throttle": 8.0, "power_w": 512.4}
+    rs = RankStep("j", 3, "h", 1, 1, T0, 10, gpu=g)
+    assert wire.decode_step(wire.encode_step(rs)).gpu == g
+    for bad in ({"sm_mhz": "fast"}, {"x" * 33: 1}, {"power_w": float("nan")}, {"t": 1e16}):
+        raw = msgpack.unpackb(wire.encode_step(rs), raw=False)
+        raw["g"] = bad
+        with pytest.raises(wire.WireError):
+            wire.decode_step(msgpack.packb(raw))

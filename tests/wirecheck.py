@@ -11,7 +11,7 @@ from argus.wire import ARRIVAL_ABS_ERROR_NS, HOST_REL_ERROR
 EXACT = (
     "job rank host pid step start_ns duration_ns local_rank world_size step_source clock_offset_ns "
     "clock_uncertainty_ns sync_count sync_wait_ns phases phase_stream py_phases launches launches_sampled "
-    "kernels memcpy errors drops version"
+    "kernels memcpy errors drops gpu version"
 ).split()
 
 

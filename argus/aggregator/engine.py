@@ -223,6 +223,8 @@ class Engine:
         self.stats.rank_steps += 1
         d = self._job(rs.job)
         d.hosts[rs.rank] = rs.host  # the rank's own host wins over its agent's (heartbeats come first)
+        if rs.gpu:
+            d.gpu[rs.rank] = dict(rs.gpu)  # NVML's latest sample of its device: evidence for its alerts
         out: List[Alert] = []
         for x in d.align.add(rs):  # on the job's step numbers and communicators (argus.aggregator.align)
             out += self._take(d, x)
@@ -472,10 +474,15 @@ class Engine:
     def _attach_gpu(self, d: JobDiag, findings: List[Finding]) -> None:
         if not d.gpu:
             return
+        from argus.gpu import trouble
+
         for f in findings:
             g = {r: d.gpu[r] for r in f.ranks if r in d.gpu}
             if g:
                 f.evidence["gpu"] = g
+            said = [f"rank {r}'s GPU: {t}" for r, t in ((r, trouble(v)) for r, v in sorted(g.items())) if t]
+            if said and "GPU:" not in f.summary:  # once, however often the finding is re-judged
+                f.summary += ". NVML: " + "; ".join(said)
 
     def _publish(
         self,

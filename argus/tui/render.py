@@ -112,7 +112,7 @@ def rank_table(rows: List[RankRow], title: str = "") -> Table:
             str(r.drops),
         ]
         if gpu:
-            cells.append(" ".join(f"{k} {v:g}" for k, v in r.gpu) if r.gpu else "-")
+            cells.append(" ".join(r.gpu) if r.gpu else "-")
         cells.append(plain(r.alert))
         t.add_row(*cells, style=STATE_STYLE.get(r.state, ""))
     return t

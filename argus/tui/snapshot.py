@@ -41,10 +41,27 @@ class RankRow:
     launches_per_s: float
     drops: int
     timers_ms: Tuple[float, ...] = ()  # the GPU timings the process read (cuEventElapsedTime)
-    gpu: Optional[Tuple[Tuple[str, float], ...]] = None
+    gpu: Tuple[str, ...] = ()  # NVML's latest sample of its device, as short cells (gpu_cells)
     state: str = "ok"  # ok | straggler | hung | stalled | gone
     alert: str = ""  # summary of the alert naming this rank
     coll_ns: int = 0  # host time inside NCCL calls in the step (waits included)
+
+
+def gpu_cells(g: Dict[str, float]) -> Tuple[str, ...]:
+    """SM clock, utilisation, power, temperature, and what is wrong (non-benign throttle reasons,
+    XIDs): what an on-call engineer reads first about a GPU."""
+    from argus.gpu import BENIGN_REASONS, throttle_names
+
+    if not g:
+        return ()
+    out = []
+    for key, unit in (("sm_mhz", "MHz"), ("util_pct", "%"), ("power_w", "W"), ("temp_c", "°C")):
+        if key in g:
+            out.append(f"{g[key]:.0f}{unit}")
+    out += throttle_names(int(g.get("throttle", 0)) & ~BENIGN_REASONS)
+    if g.get("xids"):
+        out.append(f"XID {g.get('xid', 0):.0f}")
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -200,6 +217,7 @@ class JobView:
                     state=state,
                     alert=why,
                     coll_ns=_coll_ns(rs),
+                    gpu=gpu_cells(rs.gpu),
                 )
             )
         kinds = {a.get("kind") for a in self.alerts.values()}
