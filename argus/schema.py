@@ -230,6 +230,7 @@ def from_probe(d: dict) -> RankStep:
             str(k): int(v) for k, v in (d.get("python") or {}).get("phases", {}).items() if int(v) > 0
         },
         gpu=gpu_compact(d["gpu"]) if isinstance(d.get("gpu"), dict) else {},
+        drops={str(k): int(v) for k, v in (d.get("drops") or {}).items()},
     )
 
 

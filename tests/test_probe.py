@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +15,7 @@ from typing import Dict
 
 import pytest
 
+from argus.schema import from_probe
 from argus.sim.launcher import SimConfig, SimJob
 from tests.helpers import nobody_skip_reason, run_argus
 from tests.probing import ProbeProc, by_rank_step, probed_run, wait_steps
@@ -257,6 +260,19 @@ def test_drops_are_counted_and_explained(tmp_path: Path) -> None:
         "1",
     )
     assert "dropped records" in probe.stderr and "--ringbuf-pages" in probe.stderr
+    # ... and said per rank, in the summaries that follow them: each summary the records its process
+    # lost since its previous one (all of them by the last, the tail included)
+    said = re.search(r"dropped records: (\{[^}]*\})", probe.stderr)
+    assert said, probe.stderr[-2000:]
+    total = {k: int(v) for k, v in ast.literal_eval(said.group(1)).items()}
+    per_rank: Dict[int, int] = {}
+    for d in probe.steps():
+        for k, v in (d.get("drops") or {}).items():
+            assert k in total and v > 0, d["drops"]
+            per_rank[d["rank"]] = per_rank.get(d["rank"], 0) + v
+    assert per_rank and sum(per_rank.values()) == sum(total.values()), (per_rank, total)
+    rs = from_probe(next(d for d in probe.steps() if d.get("drops")))
+    assert rs.drops and sum(rs.drops.values()) > 0
 
 
 # ---- bad input: a one-line ERROR + HINT and a distinct exit code, never a traceback ----

@@ -146,6 +146,8 @@ class RankTracker:
         self.records_seen = 0
         self.decode_errors = 0
         self.steps_emitted = 0
+        self.drops_total: Dict[str, int] = {}  # BPF drop counters of this process (Session.drain)
+        self._drops_said: Dict[str, int] = {}  # ... as of its previous summary
         # extra per-step sections (python, host: argus/agent/pysection.py), each with
         # epochs() and summarize(epochs, timers) -> Optional[dict]
         self.sections: List[Any] = []
@@ -381,6 +383,11 @@ class RankTracker:
         if step is not None:
             self.last_step = step
         det = self.detector.period
+        # records of this process the BPF side lost (ring buffer or a map full) since its previous
+        # summary: this step's numbers may be short by them
+        drops = {k: v - self._drops_said.get(k, 0) for k, v in self.drops_total.items()}
+        drops = {k: v for k, v in drops.items() if v > 0}
+        self._drops_said = dict(self.drops_total)
         return {
             "schema": SCHEMA,
             **self.id.as_dict(),
@@ -398,6 +405,7 @@ class RankTracker:
             "cuda": self._cuda(data),
             "cudart": self._cudart(data),
             "nccl": self._nccl(data),
+            **({"drops": drops} if drops else {}),
             **self._sections(epochs, data),
         }
 

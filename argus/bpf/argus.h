@@ -36,6 +36,11 @@ BPF_HASH(call_counts, struct call_key, u64, 4096);
 BPF_HASH(inflight_calls, u64, struct inflight, 16384);
 BPF_HASH(scratches, u64, struct scratch, 16384);
 BPF_ARRAY(drops, u64, DROP_SLOTS);
+struct drop_key {
+    u32 tgid;
+    u32 slot;
+};
+BPF_HASH(drops_by_pid, struct drop_key, u64, 4096); /* the same, per process: its summaries say it */
 BPF_RINGBUF_OUTPUT(records, ARGUS_RINGBUF_PAGES);
 
 static __always_inline u32 cur_tgid(void) { return bpf_get_current_pid_tgid() >> 32; }
@@ -54,6 +59,9 @@ static __always_inline u64 cur_epoch(u32 tgid) {
 static __always_inline void drop(u32 slot) {
     u64 *d = drops.lookup(&slot);
     if (d) __sync_fetch_and_add(d, 1);
+    struct drop_key k = {.tgid = cur_tgid(), .slot = slot};
+    u64 zero = 0, *p = drops_by_pid.lookup_or_try_init(&k, &zero);
+    if (p) __sync_fetch_and_add(p, 1);
 }
 
 static __always_inline u64 scratch_key(u32 cls) { return ((u64)cur_tid() << 1) | cls; }

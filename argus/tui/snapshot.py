@@ -117,6 +117,7 @@ class _Rank:
     late: Deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
     lasts: Deque[Tuple[int, int]] = field(default_factory=lambda: deque(maxlen=WINDOW))  # (arrived last, n)
     launches: Deque[Tuple[int, int]] = field(default_factory=lambda: deque(maxlen=WINDOW))  # (launches, ns)
+    drops: int = 0  # records its agent lost, over every summary seen
 
 
 class JobView:
@@ -145,6 +146,7 @@ class JobView:
         r = self.ranks.setdefault(rs.rank, _Rank())
         if r.last is None or (rs.step >= (r.last.step or 0)):
             r.last = rs
+        r.drops += sum(rs.drops.values())
         if rs.launches_sampled:  # launches/s over the steps the launch probes covered
             r.launches.append((rs.launches, rs.duration_ns))
         self.groups.observe(rs)
@@ -212,7 +214,7 @@ class JobView:
                     last_share=nlast / n if n else 0.0,
                     top_coll=_top_coll(rs),
                     launches_per_s=launches / (dur / 1e9) if dur else 0.0,
-                    drops=sum(rs.drops.values()),
+                    drops=st.drops,
                     timers_ms=tuple(v / 1e6 for k, v in sorted(rs.phases.items()) if k.startswith("timer")),
                     state=state,
                     alert=why,
