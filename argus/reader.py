@@ -29,8 +29,8 @@ import msgpack
 from argus import wire
 from argus.errors import BadData, RedisUnavailable
 from argus.redisconf import connection_hint
+from argus.rediskeys import k_agent, k_agents, k_hb, k_names, k_steps
 from argus.schema import Heartbeat, RankStep
-from argus.transport import k_agent, k_agents, k_hb, k_names, k_steps
 
 DEFAULT_GROUP = "argus-aggregate"
 

@@ -22,10 +22,12 @@ import click
 from argus import redisconf, wire
 from argus.errors import BadData, RedisUnavailable, UsageError
 from argus.kde import compress
-from argus.schema import PARSE_ERRORS, CommStep, RankStep, from_probe, parse_line
-from argus.transport import K_JOBS, STEPS_MAXLEN, write_names, write_steps
 
 # (name, launches per layer per step): long, realistic names (interning matters for the budget)
+from argus.rediskeys import K_JOBS
+from argus.schema import PARSE_ERRORS, CommStep, RankStep, from_probe, parse_line
+from argus.transport import STEPS_MAXLEN, write_names, write_steps
+
 KERNELS: List[Tuple[str, int]] = [
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_kernel", 4),
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n_tilesize256x128x64_warpgroupsize2x1x1_execute_kernel", 4),

@@ -28,6 +28,7 @@ import msgpack
 
 from argus import __version__, redisconf, wire
 from argus.redisconf import RedisConf
+from argus.rediskeys import K_JOBS, k_agent, k_agents, k_hb, k_names, k_steps
 from argus.schema import Heartbeat, RankStep
 
 HB_INTERVAL_S = 2.0
@@ -36,28 +37,6 @@ STEPS_MAXLEN = 100_000  # per job; size it as ranks × steps of backlog the aggr
 HB_MAXLEN = 1_000
 MAX_NAMES = 100_000  # distinct kernel names remembered per agent (more are sent inline)
 
-
-def k_steps(job: str) -> str:
-    return f"argus:{{{job}}}:steps"
-
-
-def k_hb(job: str) -> str:
-    return f"argus:{{{job}}}:hb"
-
-
-def k_agent(job: str, agent: str) -> str:
-    return f"argus:{{{job}}}:agent:{agent}"
-
-
-def k_agents(job: str) -> str:
-    return f"argus:{{{job}}}:agents"
-
-
-def k_names(job: str) -> str:
-    return f"argus:{{{job}}}:names"
-
-
-K_JOBS = "argus:jobs"
 
 Entry = Tuple[str, bytes]  # (job, encoded step)
 

@@ -284,7 +284,7 @@ def _box_busy() -> Tuple[float, float]:
 def group_lag(client: Any, job: str, group: str = "argus-aggregate") -> Tuple[int, int]:
     """(lag, pending) of the job's consumer group: Redis >= 7 reports `lag`; where it cannot (or
     an older server), entries added to the stream minus the group's entries read."""
-    from argus.transport import k_steps
+    from argus.rediskeys import k_steps
 
     key = k_steps(job)
     for g in client.xinfo_groups(key):
@@ -312,9 +312,9 @@ def soak(
     """Run `argus aggregate` on `job` while publishing `ranks` summaries every `step_s` seconds
     for `duration_s`; sample it every `sample_s` (a markdown row each, through `say`)."""
     from argus import redisconf
-    from argus.aggregator.service import history, k_alert_state, k_alerts, k_leader
+    from argus.aggregator.service import history
+    from argus.rediskeys import k_alert_state, k_alerts, k_leader, k_steps
     from argus.replay import publish_all
-    from argus.transport import k_steps
 
     steps = max(1, int(duration_s / step_s))
     lo, hi = SOAK_STRAGGLER

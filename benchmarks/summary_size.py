@@ -49,8 +49,8 @@ from argus.kde import (
     to_mixture,
 )
 from argus.probes.records import RecElapsed, RecEventRecord, RecHdr, RecNccl, RecSync
+from argus.rediskeys import k_names, k_steps
 from argus.sim.launcher import SimConfig, SimJob
-from argus.transport import k_names, k_steps
 from tests.redisproc import RedisProc
 
 BUDGET = 2700

@@ -13,10 +13,10 @@ import pytest
 
 from argus.aggregator.config import PhaseInfo
 from argus.aggregator.engine import Engine
-from argus.aggregator.service import Aggregator, current, history, k_alert_state, k_alerts
+from argus.aggregator.service import Aggregator, current, history
 from argus.aggregator.webhook import Webhook
+from argus.rediskeys import k_alert_state, k_alerts, k_steps
 from argus.replay import publish_all
-from argus.transport import k_steps
 from tests.aggsynth import Faults, Job, steps
 from tests.helpers import run_argus
 
@@ -92,7 +92,7 @@ def test_one_aggregator_leads_a_job_and_a_standby_takes_over_its_pending_entries
     """The leader judges the whole job; the standby reads nothing until the leader's lease lapses,
     then claims what the leader was given and never acknowledged (it died after the engine took
     them), and goes on: every entry judged once by the job's leader at that time, none lost."""
-    from argus.aggregator.service import k_leader
+    from argus.rediskeys import k_leader
 
     items = steps(Job(job="ha", steps=30))
     publish_all(redis_client, items[:200])

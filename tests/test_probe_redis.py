@@ -13,9 +13,9 @@ import pytest
 import redis
 
 from argus import reader
+from argus.rediskeys import k_steps
 from argus.schema import from_probe
 from argus.sim.launcher import SimConfig, SimJob
-from argus.transport import k_steps
 from tests.probing import ProbeProc, probed_run
 from tests.redisproc import RedisProc
 from tests.wirecheck import assert_equivalent

@@ -16,9 +16,9 @@ from argus.aggregator.config import PhaseInfo
 from argus.aggregator.engine import Engine
 from argus.aggregator.service import Aggregator, current
 from argus.errors import UsageError
+from argus.rediskeys import k_steps
 from argus.replay import publish_all
 from argus.sim.launcher import SimConfig
-from argus.transport import k_steps
 from tests.aggsynth import Faults, Job, steps
 from tests.helpers import run_argus
 from tests.redisproc import RedisClusterProcs

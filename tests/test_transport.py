@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from argus import reader, redisconf, wire
 from argus.errors import RedisUnavailable
+from argus.rediskeys import K_JOBS, k_agent, k_agents, k_hb, k_names, k_steps
 from argus.replay import synthetic_steps
 from argus.schema import Heartbeat, RankStep
-from argus.transport import AGENT_TTL_S, K_JOBS, Publisher, k_agent, k_agents, k_hb, k_names, k_steps
+from argus.transport import AGENT_TTL_S, Publisher
 from tests.helpers import REPO_ROOT, run_argus
 from tests.redisproc import RedisProc, free_port
 from tests.wirecheck import assert_equivalent

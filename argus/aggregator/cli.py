@@ -343,9 +343,9 @@ def _show_alerts(
     client: Any, jobs: List[str], follow: bool, as_json: bool, since: Optional[str], hook: Any
 ) -> int:
     from argus.aggregator import service
-    from argus.transport import K_JOBS
+    from argus.rediskeys import list_jobs
 
-    names = jobs or sorted(x.decode("utf-8", "replace") for x in client.smembers(K_JOBS))
+    names = jobs or list_jobs(client)
     shown = []
     for job in names:
         got = (

@@ -288,10 +288,6 @@ class Engine:
         findings = [ex.hang(h, d.last_step if d.last_step >= 0 else None)] if h else []
         return self._publish(d, d.hang.now_ns(), findings, {"hang"}, resolve_after=2)
 
-    def add_gpu(self, job: str, rank: int, metrics: Dict[str, Any]) -> None:
-        """NVML evidence for a rank (throttle reasons, XID, link errors); attached to its alerts."""
-        self._job(job).gpu[rank] = dict(metrics)
-
     def flush(self) -> List[Alert]:
         """Judge every pending step (end of a finite source)."""
         out: List[Alert] = []

@@ -35,6 +35,7 @@ from argus.aggregator.alerts import Alert
 from argus.aggregator.engine import Engine
 from argus.errors import RedisUnavailable
 from argus.redisconf import connection_hint
+from argus.rediskeys import k_alert_state, k_alerts, k_leader, list_jobs
 
 ALERTS_MAXLEN = 10_000
 LEASE_S = 10.0  # a job's leader lease; a standby takes over this long after the leader stops renewing
@@ -51,18 +52,6 @@ def tune_gc() -> None:
     allocations) rescan a large heap over and over (~30% of the CPU at 10,000 ranks). Reference
     counting frees the engine's garbage; the cyclic collector only needs to run now and then."""
     gc.set_threshold(100_000, 50, 100)
-
-
-def k_alerts(job: str) -> str:
-    return f"argus:{{{job}}}:alerts"
-
-
-def k_alert_state(job: str) -> str:
-    return f"argus:{{{job}}}:alert_state"
-
-
-def k_leader(job: str) -> str:
-    return f"argus:{{{job}}}:leader"
 
 
 def alert_json(a: Alert) -> bytes:
@@ -138,9 +127,7 @@ class Aggregator:
         now = time.monotonic()
         if now >= self._next_jobs:
             self._next_jobs = now + 5.0
-            from argus.transport import K_JOBS
-
-            found = sorted(x.decode("utf-8", "replace") for x in self.r.smembers(K_JOBS))
+            found = list_jobs(self.r)
             for j in found:
                 self._reader(j)
         return sorted(self.readers)

@@ -12,7 +12,8 @@ import click
 
 from argus.aggregator.cli import parse_steps
 from argus.errors import UsageError
-from argus.tui.feed import Feed, decode_alert, jobs, k_alerts
+from argus.rediskeys import k_alerts
+from argus.tui.feed import Feed, decode_alert, jobs
 from argus.tui.top import connect, pick_job
 
 

@@ -16,15 +16,9 @@ import msgpack
 from argus.errors import RedisUnavailable
 from argus.reader import Reader, notices
 from argus.redisconf import connection_hint
+from argus.rediskeys import k_alerts, k_steps, list_jobs
 from argus.schema import RankStep
-from argus.transport import k_steps
 from argus.tui.snapshot import JobSnapshot, JobView
-
-ALERTS_KEY = "argus:{%s}:alerts"
-
-
-def k_alerts(job: str) -> str:
-    return ALERTS_KEY % job
 
 
 def decode_alert(fields: Dict[bytes, bytes]) -> Optional[dict]:
@@ -42,7 +36,7 @@ def decode_alert(fields: Dict[bytes, bytes]) -> Optional[dict]:
 
 
 def jobs(client: Any) -> List[str]:
-    return sorted(j.decode("utf-8", "replace") for j in client.smembers("argus:jobs"))
+    return list_jobs(client)
 
 
 class Feed:

@@ -16,8 +16,7 @@ from typing import List
 import pytest
 import redis
 
-from argus.aggregator.service import k_alerts, k_leader
-from argus.transport import k_steps
+from argus.rediskeys import k_alerts, k_leader, k_steps
 from tests.helpers import ArgusProc
 from tests.redisproc import RedisProc
 

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from argus import reader, wire
 from argus.aggregator.engine import JsonlSource
 from argus.errors import BadData
+from argus.rediskeys import k_hb, k_steps
 from argus.replay import load_jsonl
 from argus.schema import Heartbeat
-from argus.transport import k_hb, k_steps
 from tests.helpers import REPO_ROOT
 from tests.test_transport import steps
 

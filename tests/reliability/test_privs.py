@@ -16,7 +16,7 @@ import pytest
 from argus.agent import privs
 from argus.agent.bpfprog import BPF_DIR
 from argus.errors import PermissionDenied
-from argus.transport import k_steps
+from argus.rediskeys import k_steps
 from tests.helpers import REPO_ROOT, run_argus
 from tests.probing import ProbeProc
 from tests.reliability.test_security import HOST_AGENT_ACL, _user

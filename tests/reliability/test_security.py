@@ -13,8 +13,9 @@ import redis
 
 from argus import reader, redisconf
 from argus.aggregator.engine import Engine
-from argus.aggregator.service import Aggregator, k_leader
-from argus.transport import Publisher, k_steps
+from argus.aggregator.service import Aggregator
+from argus.rediskeys import k_leader, k_steps
+from argus.transport import Publisher
 from tests.test_transport import steps, wait_for
 
 pytestmark = pytest.mark.redis
