@@ -2,7 +2,7 @@
 
 Every value was printed by `DERIVE_C` (offsetof / sizeof compiled with -DPy_BUILD_CORE against
 each interpreter's own headers: pyenv 3.9.18, 3.10.13, 3.11.7, 3.12.1, 3.13.0 and Debian's 3.11.2,
-which agrees with 3.11.7). `tests/test_cpython_offsets.py` recompiles it against every interpreter
+which agrees with 3.11.7). `tests/test_python_units.py` recompiles it against every interpreter
 whose headers are on the machine and compares. 3.13+ also carries `_Py_DebugOffsets` at the start
 of `_PyRuntime`; `argus.probes.cpython` reads those from the process and prefers them, so a patch
 release that moves a field is still walked correctly.
