@@ -16,6 +16,7 @@ from argus.aggregator.config import PhaseInfo
 from argus.aggregator.engine import Engine
 from argus.schema import from_probe
 from argus.sim.launcher import SimConfig
+from argus.tui.prom import render_metrics
 from argus.tui.snapshot import JobView
 from tests.helpers import REPO_ROOT
 from tests.probing import probed_run
@@ -56,6 +57,11 @@ def test_a_throttled_gpu_is_said_in_the_straggler_alert_and_in_top(tmp_path: Pat
     view = JobView(steps[0].job)
     for rs in steps:
         view.ingest(rs)
-    rows = {r.rank: r for r in view.snapshot().rows}
+    snap = view.snapshot()
+    rows = {r.rank: r for r in snap.rows}
     assert rows[3].gpu == ("1095MHz", "97%", "402W", "67°C", "hw_slowdown"), rows[3].gpu
     assert rows[0].gpu == ("1980MHz", "97%", "655W", "64°C")
+    text = render_metrics([snap])
+    lab = f'{{job="{snap.job}",rank="3",host="node-0"}}'
+    assert f"argus_rank_gpu_throttled{lab} 1" in text and f"argus_rank_gpu_sm_clock_mhz{lab} 1095" in text
+    assert f'argus_rank_gpu_throttled{{job="{snap.job}",rank="0",host="node-0"}} 0' in text

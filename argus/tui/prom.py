@@ -14,8 +14,16 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Dict, Iterable, List, Tuple
 
+from argus.gpu import BENIGN_REASONS
 from argus.tui.snapshot import STEP_BUCKETS, JobSnapshot, sort_rows
 
+# (RankStep.gpu key, metric, scale)
+GPU_SERIES = (
+    ("sm_mhz", "argus_rank_gpu_sm_clock_mhz", 1.0),
+    ("power_w", "argus_rank_gpu_power_watts", 1.0),
+    ("temp_c", "argus_rank_gpu_temperature_celsius", 1.0),
+    ("util_pct", "argus_rank_gpu_utilization_ratio", 0.01),
+)
 METRICS: List[Tuple[str, str, str]] = [
     ("argus_job_step_seconds", "gauge", "Latest job step time (max over ranks)."),
     ("argus_job_ranks", "gauge", "Ranks reporting."),
@@ -35,7 +43,17 @@ METRICS: List[Tuple[str, str, str]] = [
     ),
     ("argus_rank_collective_seconds", "gauge", "Host time inside NCCL calls in the rank's latest step."),
     ("argus_rank_launches_per_second", "gauge", "Kernel launches per second of step time."),
-    ("argus_rank_drops", "gauge", "Records the rank's agent dropped."),
+    ("argus_rank_drops", "gauge", "Records of the rank its agent lost, over every summary read."),
+    ("argus_rank_gpu_sm_clock_mhz", "gauge", "SM clock of the rank's GPU (NVML, latest sample)."),
+    ("argus_rank_gpu_power_watts", "gauge", "Power draw of the rank's GPU (NVML)."),
+    ("argus_rank_gpu_temperature_celsius", "gauge", "Temperature of the rank's GPU (NVML)."),
+    ("argus_rank_gpu_utilization_ratio", "gauge", "Utilisation of the rank's GPU, 0-1 (NVML)."),
+    (
+        "argus_rank_gpu_throttled",
+        "gauge",
+        "1 when the rank's GPU holds its clocks down for a reason other than idle, application clocks "
+        "or a display (NVML clocks-event reasons), else 0.",
+    ),
     ("argus_rank_phase_seconds", "gauge", "Time per display phase in the rank's latest step."),
     ("argus_alerts_firing", "gauge", "Firing alerts by kind and severity."),
     ("argus_alert_info", "gauge", "One series per firing alert (value 1)."),
@@ -80,6 +98,12 @@ def render_metrics(snaps: Iterable[JobSnapshot], max_ranks: int = 1024) -> str:
             add("argus_rank_collective_seconds", lab, r.coll_ns / 1e9)
             add("argus_rank_launches_per_second", lab, r.launches_per_s)
             add("argus_rank_drops", lab, r.drops)
+            g = dict(r.gpu_values)
+            for key, name, scale in GPU_SERIES:
+                if key in g:
+                    add(name, lab, g[key] * scale)
+            if "throttle" in g:
+                add("argus_rank_gpu_throttled", lab, 1 if int(g["throttle"]) & ~BENIGN_REASONS else 0)
             for phase, ns in r.buckets:
                 add("argus_rank_phase_seconds", {**lab, "phase": phase}, ns / 1e9)
         counts: Dict[Tuple[str, str], int] = {}

@@ -42,6 +42,7 @@ class RankRow:
     drops: int
     timers_ms: Tuple[float, ...] = ()  # the GPU timings the process read (cuEventElapsedTime)
     gpu: Tuple[str, ...] = ()  # NVML's latest sample of its device, as short cells (gpu_cells)
+    gpu_values: Tuple[Tuple[str, float], ...] = ()  # ... and its numbers (RankStep.gpu), for metrics
     state: str = "ok"  # ok | straggler | hung | stalled | gone
     alert: str = ""  # summary of the alert naming this rank
     coll_ns: int = 0  # host time inside NCCL calls in the step (waits included)
@@ -220,6 +221,7 @@ class JobView:
                     alert=why,
                     coll_ns=_coll_ns(rs),
                     gpu=gpu_cells(rs.gpu),
+                    gpu_values=tuple(sorted(rs.gpu.items())),
                 )
             )
         kinds = {a.get("kind") for a in self.alerts.values()}
