@@ -395,13 +395,13 @@ class Session:
             v = int(self.bpf["drops"][ctypes.c_int(i)].value)
             if v:
                 self.health.drops[name] = v
-        gone = []
+        gone: List[Any] = []
         for k, v in self.bpf["drops_by_pid"].items():  # a handful of entries: only where records were lost
-            t = self.targets.get(k.tgid)
-            if t is None:
+            lost = self.targets.get(k.tgid)
+            if lost is None:
                 gone.append(k)
             elif k.slot in DROP_NAMES:
-                t.tracker.drops_total[DROP_NAMES[k.slot]] = int(v.value)
+                lost.tracker.drops_total[DROP_NAMES[k.slot]] = int(v.value)
         for k in gone:
             try:
                 del self.bpf["drops_by_pid"][k]

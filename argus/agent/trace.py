@@ -250,8 +250,8 @@ class TraceBuilder:
         for pid in sorted({p for p, _ in self.threads}):
             rank = self.n.rank.get(pid, -1)
             if rank >= 0:  # viewers add the pid themselves ("rank 3 (pid 4242)"); else they show it alone
-                name = {"name": f"rank {rank}"}
-                out.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": name})
+                label = {"name": f"rank {rank}"}
+                out.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": label})
             out.append(
                 {
                     "name": "process_sort_index",

@@ -97,7 +97,7 @@ def _add_group_waits(grouped: List[Tuple[int, int, list]], ends: List[RecNccl]) 
     operation's host time (arrival[5]): where operations block, the group's wait for its peers is
     spent there, not in the ncclSend/ncclRecv that posted them (else it would look like the rank's
     own host time)."""
-    taken = set()
+    taken: Set[int] = set()
     for g in sorted(ends, key=lambda x: x.enter_ns):
         ops = [a for a in grouped if a[0] == g.h.tid and a[1] <= g.enter_ns and id(a[2]) not in taken]
         if not ops:

@@ -6,12 +6,12 @@ sync and event regardless of the runtime version. Source: argus/bpf/cuda.bpf.c.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 from argus.probes.base import Channel, MappedLibrary, UprobeSpec, find_library, register_calls
 
 S = UprobeSpec
-SPECS = (
+SPECS: Tuple[UprobeSpec, ...] = (
     S("cuLaunchKernel", required=True),
     S("cuLaunchKernelEx"),
     S("cuStreamSynchronize", required=True),

@@ -71,7 +71,8 @@ def _parse_sets(sets: Tuple[str, ...]) -> Dict[str, float]:
     type=click.Choice(list(PRESETS)),
     default="default",
     show_default=True,
-    help="Workload rates: default (~0.2 s steps, ~600 launches), heavy (>2,000 launches), small.",
+    help="Workload rates: default (~0.2 s steps, ~490 launches), heavy (>2,000 launches), small; "
+    "tp (with --layout tp-dp: a TP=8 x PP=2 Megatron rank, >10,000 launches, >3,000 collectives).",
 )
 @click.option(
     "--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a workload setting (repeatable)."
@@ -135,6 +136,7 @@ def run_cmd(
       argus sim run --ranks 8 --steps 50 --inject straggler:rank=3,factor=1.5
       argus sim run --layout pp-dp --inject bubble:rank=1,factor=1.9,from_step=10
       argus sim run --layout tp-dp --preset heavy --steps 20
+      argus sim run --layout tp-dp --preset tp --steps 5
       argus sim run --inject slow_link:ranks=2-3,factor=4 --json-steps steps.json
     """
     cfg = SimConfig(
@@ -180,9 +182,10 @@ def _summary(job: SimJob, truth_path: object) -> None:
     times = job.job_step_seconds()
     if job.hung:
         hung = [r for r, rs in job.ranks.items() if rs.hang]
+        first = job.ranks[hung[0]].hang or {}
         click.echo(
             f"hang: rank(s) {hung} stopped at DP collective "
-            f"{job.ranks[hung[0]].hang['dp_seq']}; the job was held {job.cfg.hang_hold_s:.0f} s, then killed"
+            f"{first.get('dp_seq')}; the job was held {job.cfg.hang_hold_s:.0f} s, then killed"
         )
     click.echo(f"completed {len(times)} steps; per-rank mean step time:")
     click.echo("  rank  mean s   max s")

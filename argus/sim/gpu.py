@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 from ctypes import POINTER, byref, c_char_p, c_double, c_float, c_int, c_size_t, c_uint, c_uint64, c_void_p
+from typing import Any, List
 
 from argus.sim.build import SimLibs, build
 
@@ -213,7 +214,7 @@ class Nccl:
         L.ncclCommInitRank.argtypes = [POINTER(c_void_p), c_int, UniqueId, c_int]
         L.ncclCommInitRankConfig.argtypes = [POINTER(c_void_p), c_int, UniqueId, c_int, c_void_p]
         L.ncclCommSplit.argtypes = [c_void_p, c_int, c_int, POINTER(c_void_p), c_void_p]
-        coll = [c_void_p, c_void_p, c_size_t, c_int]
+        coll: List[Any] = [c_void_p, c_void_p, c_size_t, c_int]
         L.ncclAllReduce.argtypes = [*coll, c_int, c_void_p, c_void_p]
         L.ncclAllGather.argtypes = [*coll, c_void_p, c_void_p]
         L.ncclReduceScatter.argtypes = [*coll, c_int, c_void_p, c_void_p]

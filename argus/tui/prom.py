@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Dict, Iterable, List, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Tuple
 
 from argus.gpu import BENIGN_REASONS
 from argus.tui.snapshot import STEP_BUCKETS, JobSnapshot, sort_rows
@@ -64,14 +64,14 @@ def _esc(v: object) -> str:
     return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _labels(d: Dict[str, object]) -> str:
+def _labels(d: Mapping[str, object]) -> str:
     return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in d.items()) + "}"
 
 
 def render_metrics(snaps: Iterable[JobSnapshot], max_ranks: int = 1024) -> str:
     series: Dict[str, List[str]] = {name: [] for name, _, _ in METRICS}
 
-    def add(name: str, labels: Dict[str, object], value: float) -> None:
+    def add(name: str, labels: Mapping[str, object], value: float) -> None:
         series[name].append(f"{name}{_labels(labels)} {value:.9g}")
 
     for s in snaps:
@@ -99,9 +99,9 @@ def render_metrics(snaps: Iterable[JobSnapshot], max_ranks: int = 1024) -> str:
             add("argus_rank_launches_per_second", lab, r.launches_per_s)
             add("argus_rank_drops", lab, r.drops)
             g = dict(r.gpu_values)
-            for key, name, scale in GPU_SERIES:
-                if key in g:
-                    add(name, lab, g[key] * scale)
+            for gkey, metric, scale in GPU_SERIES:
+                if gkey in g:
+                    add(metric, lab, g[gkey] * scale)
             if "throttle" in g:
                 add("argus_rank_gpu_throttled", lab, 1 if int(g["throttle"]) & ~BENIGN_REASONS else 0)
             for phase, ns in r.buckets:

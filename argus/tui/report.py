@@ -11,7 +11,7 @@ import html
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from argus.aggregator.align import JobAlign
 from argus.aggregator.l2 import arrival_lateness
@@ -263,7 +263,7 @@ def ticks(lo: int, hi: int, n: int = 10) -> List[int]:
     return list(range(first, hi + 1, step))
 
 
-def _font(size: int, bold: bool = False) -> object:
+def _font(size: int, bold: bool = False) -> Any:  # a PIL font (Pillow is imported lazily)
     from PIL import ImageFont
 
     for path in (
@@ -305,7 +305,7 @@ def png(d: ReportData, path: str) -> None:
     n = max(1, len(d.steps))
     row_h = max(3, min(22, 360 // max(1, len(bins))))
     hm_h = row_h * len(bins)
-    cap = []
+    cap: List[Tuple[bool, str]] = []  # (a headline, the line)
     for head, text in caption(d):
         cap.append((True, head))
         cap += [(False, ln) for ln in _wrap(text, 160)]
@@ -326,8 +326,9 @@ def png(d: ReportData, path: str) -> None:
         font=f_text,
     )
     y = 70
-    for head, ln in cap:
-        dr.text((20, y), ln, fill=(170, 0, 0) if head and spans else "black", font=f_bold if head else f_text)
+    for is_head, ln in cap:
+        colour = (170, 0, 0) if is_head and spans else "black"
+        dr.text((20, y), ln, fill=colour, font=f_bold if is_head else f_text)
         y += 20
     y += 10
 
@@ -481,10 +482,10 @@ def html_page(d: ReportData) -> str:
         for i, row in enumerate(rows):
             who = f"rank {bins[i][0]}" if len(bins[i]) == 1 else f"ranks {bins[i][0]}-{bins[i][-1]}"
             for j, v in enumerate(row):
-                r, g, b = _color(v, lo, hi)
+                r, g, bl = _color(v, lo, hi)
                 cells.append(
                     f'<rect x="{LEFT + j * cw:.2f}" y="{i * row_h}" width="{cw + 0.3:.2f}" height="{row_h}" '
-                    f'fill="rgb({r},{g},{b})"><title>{esc(who)}, step {d.steps[j]}: {v:.1f} {unit}'
+                    f'fill="rgb({r},{g},{bl})"><title>{esc(who)}, step {d.steps[j]}: {v:.1f} {unit}'
                     "</title></rect>"
                 )
         for i, b in enumerate(bins):

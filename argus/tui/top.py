@@ -142,7 +142,11 @@ def _interactive(feed: Feed, opts: ViewOptions, interval: float) -> int:
         with Live(render(feed.snapshot(), opts), console=console, screen=True, auto_refresh=False) as live:
             frozen = None
             while True:
-                key = _key(fd, interval) if saved is not None else (time.sleep(interval) or "")
+                if saved is not None:
+                    key = _key(fd, interval)
+                else:
+                    time.sleep(interval)
+                    key = ""
                 if key == "q":
                     return 0
                 if key == "s":
