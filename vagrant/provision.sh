@@ -217,7 +217,8 @@ setup_agent() {
 }
 
 start_sim() {
-    local args=("${SIM_ARGS[@]}") what="no fault"
+    # its ranks report this VM's name (the role), not the simulator's node-0
+    local args=("${SIM_ARGS[@]}" --hosts "$ROLE") what="no fault"
     if [[ $ROLE == node-1 ]]; then
         args+=(--inject "$STRAGGLER")
         what="a straggler: $STRAGGLER"

@@ -55,6 +55,16 @@ def _parse_sets(sets: Tuple[str, ...]) -> Dict[str, float]:
     return out
 
 
+def _host_names(text: str) -> List[str]:
+    names = [h.strip() for h in text.split(",") if h.strip()]
+    for h in names:
+        if len(h) > 64 or not all(c.isalnum() or c in "-_." for c in h):
+            raise UsageError(
+                f"--hosts: '{h[:64]}' is not a host name", "letters, digits, - _ . ; e.g. --hosts vm-a,vm-b"
+            )
+    return names
+
+
 @sim_group.command("run", epilog=f"\b\nFault kinds (--inject KIND:key=value,...):\n{FAULT_HELP}")
 @click.option("-n", "--ranks", default=8, show_default=True, help="Number of rank processes.")
 @click.option("-s", "--steps", default=50, show_default=True, help="Training steps per rank.")
@@ -82,6 +92,14 @@ def _parse_sets(sets: Tuple[str, ...]) -> Dict[str, float]:
     default=8,
     show_default=True,
     help="Ranks per simulated host (links between hosts are slower).",
+)
+@click.option(
+    "--hosts",
+    "hosts",
+    default="",
+    metavar="NAME[,NAME...]",
+    help="Names of the simulated hosts, in order (default: node-0, node-1, ...); e.g. "
+    "--hosts $(hostname) on a machine that runs one job of its own.",
 )
 @click.option(
     "--python", "python", default=None, help="Interpreter for the rank processes (default: this one)."
@@ -117,6 +135,7 @@ def run_cmd(
     preset: str,
     sets: Tuple[str, ...],
     ranks_per_host: int,
+    hosts: str,
     python: Optional[str],
     run_dir: Optional[str],
     truth: Optional[str],
@@ -147,6 +166,7 @@ def run_cmd(
         preset=preset,
         overrides=_parse_sets(sets),
         ranks_per_host=ranks_per_host,
+        host_names=_host_names(hosts),
         run_dir=run_dir,
         hang_hold_s=hang_hold,
         timeout_s=timeout,

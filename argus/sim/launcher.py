@@ -59,6 +59,11 @@ class SimConfig:
     #: per simulated host index, a command the rank processes of that host are started under (e.g.
     #: `nsenter --net=/run/netns/h1 --`: tests spread the job over network namespaces)
     host_prefix: Dict[int, List[str]] = field(default_factory=dict)
+    #: names of the simulated hosts in order (ranks_per_host ranks each); node-<i> past the list
+    host_names: List[str] = field(default_factory=list)
+
+    def host_name(self, index: int) -> str:
+        return self.host_names[index] if index < len(self.host_names) else f"node-{index}"
 
     def workload(self) -> Workload:
         if self.preset not in PRESETS:
@@ -154,7 +159,7 @@ class SimJob:
                 MASTER_PORT="29500",
                 TORCHELASTIC_RUN_ID=f"sim-{self.run_id}",
                 ARGUS_SIM_RUN=self.run_id,
-                ARGUS_HOST=f"node-{r // rph}",  # one simulated host per ranks_per_host ranks
+                ARGUS_HOST=self.cfg.host_name(r // rph),  # one simulated host per ranks_per_host ranks
                 ARGUS_SIM_CONFIG=str(cfg_path),
                 ARGUS_SIM_LIBDIR=str(libs.directory),
                 PYTHONPATH=pypath,
