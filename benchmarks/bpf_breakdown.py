@@ -1,27 +1,40 @@
 """Where the probes' time goes on the simulated job: each BPF program's runs and run time per
 rank-step, from the kernel's own accounting (kernel.bpf_stats_enabled).
 
-    sudo .venv/bin/python -m benchmarks.bpf_breakdown [--quick] [--ranks 8] [--seconds 5] [-- PROBE ARGS]
+    sudo .venv/bin/python -m benchmarks.bpf_breakdown [--quick] [--ranks 8] [--seconds 5]
+        [--preset default|heavy|small|tp] [--layout dp|tp-dp|pp-dp] [-- PROBE ARGS]
+
+    e.g. sudo .venv/bin/python -m benchmarks.bpf_breakdown --preset tp --seconds 10 -- --launch-steps all
 
 The 8-rank simulated job (default preset) runs with `argus probe` (the defaults, or the probe
 arguments after `--`); once the steps flow, the benchmark reads every loaded program's run count
-and run time twice, `--seconds` apart. A program's run time includes the programs it tail-calls
-(the Python walk at native hits). Not included: the trap into the kernel around each uprobe hit
-(~0.6-0.8 µs on this VM, benchmarks.probe_overhead) and the agent's user-space CPU.
+and run time twice, `--seconds` apart. Rank-steps in that window are counted from the ranks' own
+step records (each step's share of its time inside the window, summed over ranks), as are the
+calls the ranks issued in it (the ground truth printed under the table). A program's run time
+includes the programs it tail-calls (the Python walk at native hits). Not included: the trap into
+the kernel around each uprobe hit (~0.6-0.8 µs on this VM, benchmarks.probe_overhead) and the
+agent's user-space CPU. `tests/test_cost_budget.py` runs `measure` as a regression guard.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
+import tempfile
 import time
-from typing import Dict, List, Tuple
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Set, Tuple
 
 from benchmarks._util import REPO, Observer, machine, need_root
 
 sys.path.insert(0, str(REPO))
 
-from argus.sim.launcher import SimConfig, SimJob
+from argus.sim.launcher import LAYOUTS, SimConfig, SimJob
+from argus.sim.workload import PRESETS
 from benchmarks import python_overhead as po
 
 
@@ -30,46 +43,123 @@ def all_programs() -> Dict[int, Tuple[str, int, int]]:
     return po.bpf_programs(names=None)
 
 
+def programs_of(pid: int) -> Set[int]:
+    """Ids of the BPF programs a process holds open (its bpf-prog fds' fdinfo): what it loaded.
+    Another tool's programs, or another argus's started meanwhile, are not in it."""
+    ids: Set[int] = set()
+    fdinfo = Path(f"/proc/{pid}/fdinfo")
+    for fd in fdinfo.iterdir():
+        try:
+            for line in fd.read_text().splitlines():
+                if line.startswith("prog_id:"):
+                    ids.add(int(line.split()[1]))
+        except (OSError, ValueError):
+            pass
+    return ids
+
+
 Row = Tuple[str, float, float]  # program, runs per rank-step, ns per run
 
 
-def measure(ranks: int, seconds: float, probe_args: List[str]) -> Tuple[List[Row], float]:
-    """The rows, and the job's step time (s)."""
+@dataclass
+class Breakdown:
+    rows: List[Row]  # heaviest first
+    step_s: float  # the job's median step time
+    rank_steps: float  # rank-steps inside the measured window (from the ranks' step records)
+    window_s: float  # the window's length
+    #: what the ranks issued per rank-step in the window: launches, collectives by op
+    launches: float = 0.0
+    colls: Dict[str, float] = field(default_factory=dict)
+
+    def total_ns(self) -> float:
+        """BPF run time per rank-step, every program."""
+        return sum(runs * ns for _, runs, ns in self.rows)
+
+
+def window_truth(job: SimJob, t0_ns: int, t1_ns: int) -> Tuple[float, float, Dict[str, float]]:
+    """Rank-steps, launches and collectives (by op) inside [t0_ns, t1_ns]: each step record counts
+    with the share of its [start_ns, end_ns] inside the window (CLOCK_MONOTONIC, as time.monotonic)."""
+    steps = launches = 0.0
+    colls: Counter = Counter()
+    for rs in job.ranks.values():
+        for rec in rs.records:
+            a, b = rec["start_ns"], rec["end_ns"]
+            share = max(0, min(b, t1_ns) - max(a, t0_ns)) / max(1, b - a)
+            if share <= 0:
+                continue
+            steps += share
+            launches += share * sum(rec["launches"].values())
+            for op, (n, _bytes) in rec["colls"].items():
+                colls[op] += share * n
+    return steps, launches, dict(colls)
+
+
+def measure(
+    ranks: int, seconds: float, probe_args: List[str], preset: str = "default", layout: str = "dp"
+) -> Breakdown:
+    """Run the simulated job under `argus probe PROBE_ARGS` and read the kernel's accounting of
+    every program the probe loaded over `seconds` of steady steps."""
     steps = int(8 + seconds / 0.15) + 20
-    job = SimJob(SimConfig(ranks=ranks, steps=steps, preset="default", gate=True)).start()
+    job = SimJob(SimConfig(ranks=ranks, steps=steps, preset=preset, layout=layout, gate=True))
+    # The uprobes sit on the library file and fire in every process that maps it (the programs
+    # then drop other processes): a build of the simulated libraries of its own keeps another
+    # simulated job on this machine (a test beside) out of the counts.
+    cache = tempfile.mkdtemp(prefix="argus-bpf-breakdown-")
+    saved = os.environ.get("ARGUS_CACHE_DIR")
+    os.environ["ARGUS_CACHE_DIR"] = cache
     obs = None
     try:
+        try:
+            job.start()
+        finally:
+            if saved is None:
+                os.environ.pop("ARGUS_CACHE_DIR", None)
+            else:
+                os.environ["ARGUS_CACHE_DIR"] = saved
         job.wait_loaded()
-        before = set(all_programs())  # another tool's programs are not argus's
         argv = [sys.executable, "-m", "argus", "probe", "--json", *probe_args]
         for pid in job.pids.values():
             argv += ["-p", str(pid)]
         obs = Observer(argv, ready="Tracing")
         obs.wait_ready()
-        mine = set(all_programs()) - before
         po.bpf_stats(True)
         job.release()
         time.sleep(2.0)
         p0 = all_programs()
-        t0 = time.monotonic()
+        t0 = time.monotonic_ns()
         time.sleep(seconds)
         p1 = all_programs()
-        el = time.monotonic() - t0
-        job.poll()  # the ranks' own step log
+        t1 = time.monotonic_ns()
+        # what the probe loaded (launch programs load at their first window): not another tool's
+        # programs, nor another argus's (a test beside)
+        mine = programs_of(obs.p.pid)
+        deadline = time.monotonic() + 20.0  # the steps in flight at t1 end and are logged
+        while True:
+            job.poll()  # the ranks' own step log
+            ends = [rs.records[-1]["end_ns"] if rs.records else 0 for rs in job.ranks.values()]
+            if min(ends) >= t1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
     finally:
         po.bpf_stats(False)
         if obs is not None:
             obs.stop()
         job.stop()
-    steps = job.job_step_seconds()
-    step_s = sorted(steps[3:])[len(steps[3:]) // 2] if len(steps) > 3 else 0.2
-    rank_steps = ranks * el / step_s
+        shutil.rmtree(cache, ignore_errors=True)
+    times = job.job_step_seconds()
+    step_s = sorted(times[3:])[len(times[3:]) // 2] if len(times) > 3 else 0.2
+    rank_steps, launches, colls = window_truth(job, t0, t1)
+    if rank_steps <= 0:  # no step record reached the window (steps longer than it): by time
+        rank_steps = ranks * (t1 - t0) / 1e9 / step_s
     rows = []
     for i, (name, ns, runs) in p1.items():
-        if i in p0 and i in mine and runs > p0[i][2]:
-            d_runs, d_ns = runs - p0[i][2], ns - p0[i][1]
+        _, ns0, runs0 = p0.get(i, (name, 0, 0))
+        if i in mine and runs > runs0:
+            d_runs, d_ns = runs - runs0, ns - ns0
             rows.append((name, d_runs / rank_steps, d_ns / d_runs))
-    return sorted(rows, key=lambda r: -r[1] * r[2]), step_s
+    rows.sort(key=lambda r: -r[1] * r[2])
+    per = {op: n / rank_steps for op, n in colls.items()}
+    return Breakdown(rows, step_s, rank_steps, (t1 - t0) / 1e9, launches / rank_steps, per)
 
 
 def main() -> int:
@@ -82,16 +172,22 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 ranks, 1 s")
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--preset", default="default", choices=list(PRESETS), help="workload preset")
+    ap.add_argument(
+        "--layout", choices=list(LAYOUTS), help="the job's layout (default: tp-dp for heavy and tp, else dp)"
+    )
     a = ap.parse_args(argv)
     if not need_root("bpf_breakdown"):
         return 3
     ranks, seconds = (2, 1.0) if a.quick else (a.ranks, a.seconds)
-    rows, step_s = measure(ranks, seconds, probe_args)
+    layout = a.layout or ("tp-dp" if a.preset in ("heavy", "tp") else "dp")
+    b = measure(ranks, seconds, probe_args, a.preset, layout)
+    rows, step_s = b.rows, b.step_s
     print(f"{machine()}\n")
     print(
-        f"# BPF run time per rank-step: simulated job, {ranks} ranks, default preset, "
+        f"# BPF run time per rank-step: simulated job, {ranks} ranks, {a.preset} preset ({layout}), "
         f"`argus probe {' '.join(probe_args) or '(defaults)'}`, {seconds:g} s at "
-        f"{step_s * 1e3:.0f} ms steps\n"
+        f"{step_s * 1e3:.0f} ms steps ({b.rank_steps:.1f} rank-steps)\n"
     )
     print("| BPF program (name cut at 15 chars) | runs per rank-step | ns per run | µs per rank-step |")
     print("|---|---:|---:|---:|")
@@ -105,6 +201,11 @@ def main() -> int:
     print(
         f"\nIn-BPF time is {100 * total / 1e6 / step_s:.2f}% of one rank's step ({total:.0f} µs of "
         f"{step_s * 1e3:.0f} ms); uprobe traps and the agent come on top."
+    )
+    ops = ", ".join(f"{op} {n:,.0f}" for op, n in sorted(b.colls.items()))
+    print(
+        f"Issued per rank-step in the window (the ranks' own records): {b.launches:,.0f} launches, "
+        f"{sum(b.colls.values()):,.0f} collectives ({ops})."
     )
     return 0
 

@@ -5,8 +5,10 @@ alone and all together, and a bpftrace one-liner on the same uprobes as a floor 
 
 Settings: the default preset (data parallel, ~490 launches and 24 all-reduces per rank per step)
 and the heavy one (tensor+data parallel, >= 2,000 launches and >= 200 collectives per rank per
-step). Every run starts a fresh 8-rank job that waits at a gate until the observer is attached,
-so every step of every run is observed. In each round every condition runs once, in an order
+step); `--settings tp` runs the tp preset (a TP=8 x PP=2 Megatron-style rank: 10,267 launches and
+3,240 collectives per rank per step, 1.6 s steps; argus/sim/workload.py). Every run starts a
+fresh 8-rank job that waits at a gate until the observer is attached, so every step of every run
+is observed. In each round every condition runs once, in an order
 rotated by round; a condition's number is the median over rounds of the run's median step time
 (steps 3..N). After each run the benchmark waits until the observer's uprobes are gone (argus
 removes them in a detached child) so no run pays for the previous one.
@@ -60,7 +62,7 @@ CONDITIONS: Dict[str, Optional[List[str]]] = {
     "all-launches": ["--launch-steps", "all"],  # ... with the launch probes attached at every step
     "bpftrace": None,
 }
-SETTINGS = {"default": ("default", "dp"), "heavy": ("heavy", "tp-dp")}
+SETTINGS = {"default": ("default", "dp"), "heavy": ("heavy", "tp-dp"), "tp": ("tp", "tp-dp")}
 
 
 def bpftrace_program() -> Tuple[str, int]:

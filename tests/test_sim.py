@@ -164,6 +164,43 @@ def test_layouts_issue_the_collectives_they_should(layout: str, tmp_path: Path) 
     }
 
 
+def test_sequence_parallel_micro_batches_issue_megatron_collectives(tmp_path: Path) -> None:
+    """seq_parallel: per layer and micro-batch 4 TP collectives forward (2 all-gathers, 2
+    reduce-scatters) and 6 backward (4 all-gathers, 2 reduce-scatters); gradients once a step."""
+    over = {"seq_parallel": 1, "grad_accum": 3}
+    job = run_job(ranks=4, steps=3, layout="tp-dp", preset="small", overrides=over, run_dir=str(tmp_path))
+    w = job.w
+    for r in range(4):
+        rec = records(job, r)[-1]
+        layer_mbs = w.layers * 3
+        assert rec["colls"]["AllGather"][0] == 6 * layer_mbs
+        assert rec["colls"]["ReduceScatter"][0] == 4 * layer_mbs
+        assert rec["colls"]["AllReduce"][0] == w.layers  # DP buckets after the last micro-batch
+        assert rec["colls"]["AllGather"][1] == 6 * layer_mbs * (w.act_bytes // 2 // w.tp)
+        assert rec["launches"]["gemm_qkv_fwd"] == layer_mbs and rec["launches"]["cross_entropy_bwd"] == 3
+    # micro-batches split the work: the modelled step is that of one batch plus the TP traffic
+    measured = statistics.median(job.job_step_seconds()[1:])
+    assert measured == pytest.approx(predict_step_s(w, "tp-dp", 4).total, rel=0.15)
+
+
+def test_tp_preset_has_the_rates_of_a_megatron_tp8_rank(tmp_path: Path) -> None:
+    """The tp preset on 8 ranks: >= 10,000 launches and >= 2,000 collectives per rank-step, 1-3 s
+    steps (argus/sim/workload.py says where each number comes from)."""
+    w = PRESETS["tp"]
+    model = predict_step_s(w, "tp-dp", 8).total
+    assert 1.0 < model < 3.0
+    job = run_job(ranks=8, steps=2, layout="tp-dp", preset="tp", run_dir=str(tmp_path))
+    for r in range(8):
+        for rec in records(job, r):
+            assert sum(rec["launches"].values()) == 10_267
+            assert {op: n for op, (n, _) in rec["colls"].items()} == {
+                "AllGather": 1_920,
+                "ReduceScatter": 1_280,
+                "AllReduce": 40,
+            }
+    assert max(job.job_step_seconds()) == pytest.approx(model, rel=0.15)
+
+
 def test_hang_fault_holds_then_reports(tmp_path: Path) -> None:
     job = run_job(
         ranks=4,

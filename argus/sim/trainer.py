@@ -4,8 +4,10 @@ Shaped like a PyTorch/Megatron loop driving libcuda and libnccl: a data loader, 
 layers launch forward and backward kernels, DDP-style bucketed gradient all-reduce on a
 communication stream overlapping backward, an optimizer step, one host sync per step
 (`loss.item()`), and Megatron-style CUDA-event timers read with cuEventElapsedTime.
-Layouts: dp, tp-dp (tensor-parallel all-reduces inside layers), pp-dp (GPipe microbatches with
-send/recv between stages). Rank identity comes from the environment, as torchrun sets it.
+Layouts: dp, tp-dp (tensor-parallel all-reduces inside layers, or all-gather/reduce-scatter pairs
+with `seq_parallel`), pp-dp (GPipe microbatches with send/recv between stages); dp and tp-dp run
+`grad_accum` micro-batches per step (1 unless a preset says otherwise). Rank identity comes from
+the environment, as torchrun sets it.
 
 Each step appends one JSON line of ground truth (what this rank issued and measured) to
 rank<R>.jsonl in the run directory. Standard library only: any CPython 3.9+ runs it.
@@ -92,6 +94,16 @@ class KernelCompiler:
         return sum(i * i for i in range(n)) & 1
 
 
+# Sequence parallelism (Megatron-LM, --sequence-parallel; core/tensor_parallel/layers.py and
+# mappings.py): activations between the tensor-parallel blocks are split along the sequence, so the
+# all-reduce after each row-parallel GEMM becomes a reduce-scatter, and each column-parallel GEMM
+# first all-gathers its input. Backward mirrors it: the gradient of a reduce-scatter is an
+# all-gather (before the row-parallel dgrad), the column-parallel GEMM all-gathers its saved input
+# again for its wgrad and reduce-scatters its dgrad. 4 collectives forward, 6 backward per layer.
+SP_FWD_GATHER = ("gemm_qkv_fwd", "gemm_mlp_up_fwd")
+SP_BWD_GATHER = ("gemm_mlp_down_dgrad", "gemm_mlp_up_dgrad", "gemm_attn_proj_dgrad", "gemm_qkv_dgrad")
+
+
 class TransformerLayer:
     def __init__(self, trainer: Trainer, index: int) -> None:
         self.t = trainer
@@ -99,17 +111,29 @@ class TransformerLayer:
 
     def forward(self, mb_scale: float) -> None:
         t = self.t
+        sp = t.tp_comm is not None and t.w.seq_parallel
         for name, us in t.w.fwd_layer():
+            if sp and name in SP_FWD_GATHER:
+                t.tp_all_gather()
             t.launch(name, us * mb_scale)
             if t.tp_comm and name in ("gemm_attn_proj_fwd", "gemm_mlp_down_fwd"):
-                t.all_reduce(t.tp_comm, t.w.act_bytes // 2, t.compute)
+                if sp:
+                    t.tp_reduce_scatter()
+                else:
+                    t.all_reduce(t.tp_comm, t.w.act_bytes // 2, t.compute)
 
     def backward(self, mb_scale: float) -> None:
         t = self.t
+        sp = t.tp_comm is not None and t.w.seq_parallel
         for name, us in bwd_layer(t.w.fwd_layer()):
+            if sp and name in SP_BWD_GATHER:
+                t.tp_all_gather()
             t.launch(name, us * mb_scale * t.bwd_factor)
             if t.tp_comm and name in ("gemm_mlp_up_dgrad", "gemm_qkv_dgrad"):
-                t.all_reduce(t.tp_comm, t.w.act_bytes // 2, t.compute)
+                if sp:
+                    t.tp_reduce_scatter()
+                else:
+                    t.all_reduce(t.tp_comm, t.w.act_bytes // 2, t.compute)
 
 
 class Model:
@@ -186,6 +210,19 @@ class Trainer:
     def all_reduce(self, comm: int, nbytes: int, stream: int) -> None:
         self.nccl.all_reduce(nbytes // 2, "bfloat16", comm, stream)
         self.log.coll("AllReduce", nbytes)
+
+    def tp_all_gather(self) -> None:
+        """Sequence parallel: gather the sequence shards of an activation (act_bytes / 2 in all)."""
+        assert self.tp_comm is not None
+        shard = self.w.act_bytes // 2 // self.w.tp
+        self.nccl.all_gather(shard // 2, "bfloat16", self.tp_comm, self.compute)
+        self.log.coll("AllGather", shard)
+
+    def tp_reduce_scatter(self) -> None:
+        assert self.tp_comm is not None
+        shard = self.w.act_bytes // 2 // self.w.tp
+        self.nccl.reduce_scatter(shard // 2, "bfloat16", self.tp_comm, self.compute)
+        self.log.coll("ReduceScatter", shard)
 
     def reduce_bucket(self, k: int) -> None:
         """DDP: the comm stream waits for the bucket's gradients, then all-reduces them."""
@@ -375,14 +412,19 @@ class Trainer:
         if self.layout == "pp-dp":
             self.pipeline_step()
         else:
+            # grad_accum micro-batches: all forwards, then all backwards (as pipeline_step; the
+            # order does not change what is issued), gradients synced in the last backward
+            mbs = self.w.grad_accum
             cu.record(ev["fwd_start"], self.compute)
             h = clock()
-            self.model.forward()
+            for _ in range(mbs):
+                self.model.forward(1.0 / mbs)
             host["forward"] = clock() - h
             cu.record(ev["fwd_end"], self.compute)
             cu.record(ev["bwd_start"], self.compute)
             h = clock()
-            self.model.backward()
+            for m in range(mbs):
+                self.model.backward(1.0 / mbs, grad_sync=(m == mbs - 1))
             self.finish_grad_sync()
             host["backward"] = clock() - h
         cu.record(ev["opt_start"], self.compute)

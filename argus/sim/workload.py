@@ -56,6 +56,8 @@ class Workload:
     tp: int = 2
     pp: int = 2
     extra_kernels_per_layer: int = 0  # tiny elementwise kernels, to raise launch rates
+    grad_accum: int = 1  # micro-batches per step in dp/tp-dp (gradient accumulation)
+    seq_parallel: bool = False  # tp-dp: TP all-gather/reduce-scatter pairs instead of all-reduces
     scale: float = 1.0  # multiplies every GPU duration
 
     def fwd_layer(self) -> List[Tuple[str, float]]:
@@ -78,6 +80,41 @@ PRESETS: Dict[str, Workload] = {
     "heavy": Workload(layers=48, extra_kernels_per_layer=12, bucket_layers=1, data_ms=10.0, scale=0.5),
     # fast runs for tests: ~70 ms steps
     "small": Workload(layers=8, data_ms=5.0, grad_bytes_per_layer=16 << 20),
+    # `tp`: one rank of a Megatron-style TP=8 x PP=2 x DP job, 8 ranks = one TP group = one host
+    # (`argus sim run --ranks 8 --layout tp-dp --preset tp`). Counted from the structure of such a
+    # job, not measured on one:
+    # - 80 transformer layers (a 70B-class model, as Llama-2-70B); PP=2 stages: a rank runs its
+    #   stage's 80 / 2 = 40 layers (layers=40). TP=8: one 8-GPU NVLink host per TP group (tp=8;
+    #   the DP group within 8 simulated ranks is then a single rank).
+    # - 8 micro-batches per step (grad_accum=8): Megatron runs global batch / (micro-batch x DP)
+    #   micro-batches a step, e.g. 64 / (1 x 8); the issue's figure.
+    # - Sequence parallelism (seq_parallel, Megatron's --sequence-parallel; trainer.SP_*): per layer
+    #   and micro-batch 4 TP collectives forward (all-gather before the QKV and MLP-up GEMMs,
+    #   reduce-scatter after the attention-projection and MLP-down GEMMs) and 6 backward (all-gather
+    #   of the output gradient before each row-parallel dgrad; for each column-parallel GEMM an
+    #   all-gather of its saved input for the wgrad and a reduce-scatter of its dgrad):
+    #   10 x 40 x 8 = 3,200 TP collectives, + 40 gradient-bucket all-reduces (one per layer) after
+    #   the last micro-batch = 3,240 collectives per rank-step.
+    # - Launches: the simulator's 8 kernels per layer forward and 12 backward (GEMMs as dgrad +
+    #   wgrad) plus 6 small elementwise kernels each way (rotary embedding of q and k, two
+    #   bias-dropout-add residuals, casts): 32 per layer and micro-batch x 320 = 10,240, + a
+    #   cross-entropy forward and backward per micro-batch (16) + optimizer (11) = 10,267.
+    # - Not modelled: send/recv to the other pipeline stage (2 per micro-batch, 16 per step: their
+    #   peers are on another host), activation recomputation, TP communication overlapped through
+    #   userbuffers (which replaces these NCCL calls). Bytes are the simulator's (act_bytes), not a
+    #   70B model's activations; durations (scale=5) set the step length.
+    # Measured (ground truth, rank<R>.jsonl): 10,267 launches and 3,240 collectives (1,920
+    # all-gathers, 1,280 reduce-scatters, 40 all-reduces) per rank-step; steps 1.63 s with 8 ranks
+    # on the 2-vCPU VM (cost model 1.61 s); the job uses ~0.4 of the 2 CPUs (3.7 CPU-s in 8.7 s).
+    "tp": Workload(
+        layers=40,
+        tp=8,
+        grad_accum=8,
+        seq_parallel=True,
+        extra_kernels_per_layer=6,
+        bucket_layers=1,
+        scale=5.0,
+    ),
 }
 
 
@@ -111,6 +148,13 @@ def allreduce_s(nbytes: int, n: int, alpha_us: float = 8.0, bw_gbps: float = 150
     return (2 * (n - 1) * alpha_us * 1e3 + 2 * (n - 1) / n * nbytes / bw_gbps) / 1e9
 
 
+def gather_s(shard_bytes: int, n: int, alpha_us: float = 8.0, bw_gbps: float = 150.0) -> float:
+    """Ring all-gather or reduce-scatter of n shards of shard_bytes (same as the simulated libnccl)."""
+    if n <= 1:
+        return 2e-6
+    return ((n - 1) * alpha_us * 1e3 + (n - 1) * shard_bytes / bw_gbps) / 1e9
+
+
 def predict_step_s(
     w: Workload,
     layout: str,
@@ -142,7 +186,9 @@ def predict_step_s(
     bucket = w.grad_bytes_per_layer * w.bucket_layers // tp
     comm = allreduce_s(bucket, dp)
     extra: Dict[str, float] = {}
-    if tp > 1:
-        extra["tp_comm"] = 4 * layers * allreduce_s(w.act_bytes, tp)
+    if tp > 1 and w.seq_parallel:  # 4 forward + 6 backward per layer and micro-batch (trainer)
+        extra["tp_comm"] = 10 * layers * w.grad_accum * gather_s(w.act_bytes // 2 // tp, tp)
+    elif tp > 1:
+        extra["tp_comm"] = 4 * layers * w.grad_accum * allreduce_s(w.act_bytes, tp)
     copy = (2000 + w.batch_bytes / 25.0) / 1e9
     return StepModel(w.data_ms / 1e3 + copy, fwd, bwd, opt, comm, extra)
