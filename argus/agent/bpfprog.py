@@ -27,7 +27,10 @@ EARLY_SOURCES = ("python.bpf.c", "host.bpf.c")
 @dataclass(frozen=True)
 class BpfOptions:
     launch_latency: bool = False  # probe launch returns too (a uretprobe per launch)
-    ringbuf_pages: int = 256  # 1 MiB: ~4,000 NCCL records
+    # 8 MiB: the burst of records between two drains at tensor-parallel rates (8 ranks x 3,240
+    # collectives per 1.6 s step, plus Python marks) overflowed 1 MiB while the agent summarized
+    # and lost every step boundary; 4 MiB was the smallest that lost none (docs/benchmarks.md)
+    ringbuf_pages: int = 2048
     max_targets: int = 1024
     python_hz: int = 49  # Python stack sampling (python channel)
     host_hz: int = 19  # native stack sampling (host channel)

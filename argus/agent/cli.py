@@ -163,9 +163,9 @@ class DurationType(click.ParamType):
 @click.option(
     "--ringbuf-pages",
     type=int,
-    default=256,
+    default=bpfprog.BpfOptions.ringbuf_pages,
     show_default=True,
-    help="Ring buffer size in 4 KiB pages (raise it if records are dropped).",
+    help="Ring buffer size in 4 KiB pages (raise it if records are dropped; the agent says so).",
 )
 @pyopts.python_options
 def probe_cmd(
@@ -295,6 +295,7 @@ class Prober:
         self.redis = redis_out
         self.pids, self.all, self.match = pids, all_, match
         self.interval, self.duration, self.as_json = interval, duration, as_json
+        self._drops_said, self._drops_next = 0, 0.0  # records lost in BPF already warned about
         self.job, self.rank, self.host, self.step_fn = job, rank, host, step_fn
         self.stop = False
         self.views: Dict[int, RankView] = {}
@@ -471,6 +472,25 @@ class Prober:
                 del self.rewatch[pid]
                 self._say(f"pid {pid}: its new program never mapped libcuda/libcudart/libnccl: not traced")
 
+    DROP_WARN_EVERY_S = 30.0
+
+    def _warn_drops(self, s: sess.Session) -> None:
+        """Records lost in BPF, said when it happens (at most every 30 s), not only at exit: the
+        steps they fell in are short by them, and at high collective rates a ring too small for the
+        burst between two drains can hide every step boundary."""
+        total = sum(s.health.drops.values())
+        said = self._drops_said
+        now = time.monotonic()
+        if total <= said or now < self._drops_next:
+            return
+        self._drops_said, self._drops_next = total, now + self.DROP_WARN_EVERY_S
+        kinds = ", ".join(f"{k} {v:,}" for k, v in sorted(s.health.drops.items()))
+        self._say(
+            f"WARNING: {total - said:,} records lost in BPF since the last warning ({kinds} in all): the "
+            f"steps they fell in are incomplete (each summary's `drops` says which); raise "
+            f"--ringbuf-pages (now {s.opts.ringbuf_pages})"
+        )
+
     def _emit(self, s: sess.Session, live: Optional[object]) -> None:
         gone = s.exited()
         if gone and self.redis is not None:
@@ -490,6 +510,7 @@ class Prober:
             self._say(f"pid{'s' if len(reaped) > 1 else ''} {who} exited; {rest}")
         s.consume()
         s.drain()
+        self._warn_drops(s)
         if self.gpu is not None:
             self.gpu.sample()
         steps = s.steps()
