@@ -486,9 +486,12 @@ class Trainer:
         scale = 1.0 / mbs
         count = self.w.act_bytes // 2
 
+        pp_comm = self.pp_comm
+        assert pp_comm is not None  # a pp layout has its pipeline communicator
+
         def p2p(op: str, peer: int) -> None:
             n.group_start()
-            (n.send if op == "Send" else n.recv)(count, "bfloat16", peer, self.pp_comm, self.compute)
+            (n.send if op == "Send" else n.recv)(count, "bfloat16", peer, pp_comm, self.compute)
             n.group_end()
             self.log.coll(op, self.w.act_bytes)
 
