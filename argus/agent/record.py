@@ -7,7 +7,6 @@ pause; they are kept in memory for the window and written as trace JSON (argus/a
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -22,7 +21,7 @@ from argus.agent.cli import DurationType
 from argus.agent.phases import OTHER
 from argus.agent.trace import Names, TraceBuilder, validate
 from argus.errors import NoSuchProcess, UsageError
-from argus.probes.records import DecodeError, RecFuncName, RecOffcpu, RecPySample, decode
+from argus.probes.records import RecFuncName, RecOffcpu, RecPySample
 
 MAX_RECORDS = 2_000_000  # a memory bound for very busy windows (then records are counted, dropped)
 
@@ -33,18 +32,13 @@ class RecordSession(sess.Session):
     kept: List[Any]
     dropped: int = 0
 
-    def _on_ring(self, _ctx: Any, data: Any, size: int) -> None:
-        try:
-            rec = decode(ctypes.string_at(data, size))
-        except DecodeError:
-            self.health.decode_errors += 1
-            return
+    def _on_record(self, rec: Any) -> None:
         if rec.h.tgid in self.targets:
             if len(self.kept) < MAX_RECORDS:
                 self.kept.append(rec)
             else:
                 self.dropped += 1
-        super()._on_ring(_ctx, data, size)
+        super()._on_record(rec)
 
 
 @click.command("record")

@@ -29,7 +29,7 @@ from argus.errors import ArgusError, EnvironmentProblem, NotATarget, SymbolMissi
 from argus.probes import cpython, libcuda, libcudart, libnccl
 from argus.probes.base import Channel, LibraryProbes, MappedLibrary, confirm_stubs, register_calls, resolve
 from argus.probes.elf import Elf
-from argus.probes.records import DROP_NAMES, DecodeError, TargetCfg, decode
+from argus.probes.records import DROP_NAMES, DecodeError, TargetCfg, decode_at
 
 register_calls([STEP_MARKER])
 AUX_CHANNELS = ("python", "host")  # no uprobe specs of their own: argus/agent/pyagent.py
@@ -336,10 +336,13 @@ class Session:
 
     def _on_ring(self, _ctx: Any, data: Any, size: int) -> None:
         try:
-            rec = decode(ctypes.string_at(data, size))
+            rec = decode_at(data, size)
         except DecodeError:
             self.health.decode_errors += 1
             return
+        self._on_record(rec)
+
+    def _on_record(self, rec: Any) -> None:
         if self.py is not None and self.py.on_record(rec):
             return
         seen = self.last_record.get(rec.h.tgid)
