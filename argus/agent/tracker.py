@@ -7,6 +7,7 @@ records as they arrive (`on_record`) and drained map contents (`add_*`), then ca
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
@@ -68,8 +69,8 @@ class CommInfo:
     source: str
     created: bool = False  # seen created: its sequence numbers count from its first collective
 
-    @property
-    def key(self) -> str:
+    @functools.cached_property
+    def key(self) -> str:  # cached: read for every collective of every summary
         return f"{self.hash:016x}"
 
     @property
@@ -90,6 +91,17 @@ class EpochData:
     elapsed: List[RecElapsed] = field(default_factory=list)
     inits: List[RecCommInit] = field(default_factory=list)
     event_records: int = 0
+
+
+P2P_CALLS = frozenset(call_id(n) for n in ("ncclSend", "ncclRecv"))
+_DTYPE_SIZE = dict(enumerate(libnccl.DTYPE_SIZES))
+
+
+@functools.cache
+def _op_of(call: int) -> str:
+    """The collective an NCCL call id stands for (AllReduce, Send, ...), else its name."""
+    name = call_name(call)
+    return libnccl.OPS.get(name, name)
 
 
 def _add_group_waits(grouped: List[Tuple[int, int, list]], ends: List[RecNccl]) -> None:
@@ -147,6 +159,7 @@ class RankTracker:
         self.decode_errors = 0
         self.steps_emitted = 0
         self.drops_total: Dict[str, int] = {}  # BPF drop counters of this process (Session.drain)
+        self._sigs: Dict[int, EpochSig] = {}  # closed epochs' signatures (_sig)
         self._drops_said: Dict[str, int] = {}  # ... as of its previous summary
         # extra per-step sections (python, host: argus/agent/pysection.py), each with
         # epochs() and summarize(epochs, timers) -> Optional[dict]
@@ -162,19 +175,25 @@ class RankTracker:
 
     def on_record(self, r: Record) -> None:
         self.records_seen += 1
-        if isinstance(r, RecSync):
+        if type(r) is RecNccl:  # the most frequent record by far: first, and lean
+            h = r.h
+            if h.call == GROUP_END:
+                if not r.flags & NCCL_F_IN_GROUP:  # the outermost: where a group's operations ran
+                    self.epoch(h.epoch).group_ends.append(r)
+                return
+            self.epoch(h.epoch).nccl.append(r)
+            comm = r.comm
+            self.called.add(comm)
+            info = self.comms.get(comm)
+            if info is None and comm:
+                self._identify(comm)
+                info = self.comms.get(comm)
+            if info is not None and h.call not in P2P_CALLS:
+                key = info.key
+                if r.seq > self.last_seq.get(key, -1):
+                    self.last_seq[key] = r.seq
+        elif isinstance(r, RecSync):
             self.epoch(r.h.epoch).sync = r
-        elif isinstance(r, RecNccl) and r.h.call == GROUP_END:
-            if not r.flags & NCCL_F_IN_GROUP:  # the outermost: where a group's operations ran
-                self.epoch(r.h.epoch).group_ends.append(r)
-        elif isinstance(r, RecNccl):
-            self.epoch(r.h.epoch).nccl.append(r)
-            self.called.add(r.comm)
-            if r.comm and r.comm not in self.comms:
-                self._identify(r.comm)
-            if call_name(r.h.call) not in ("ncclSend", "ncclRecv") and r.comm in self.comms:
-                key = self.comms[r.comm].key
-                self.last_seq[key] = max(self.last_seq.get(key, -1), r.seq)
         elif isinstance(r, RecElapsed):
             # A timer belongs to the step whose GPU work it measures: the epoch its end event was
             # recorded in (frameworks read timers after the step's sync, or steps later).
@@ -292,13 +311,25 @@ class RankTracker:
     # ---- steps ---------------------------------------------------------------------------------------
 
     def _sig(self, e: int) -> EpochSig:
+        """The signature of a closed epoch (its data is final: finalize asks only below
+        final_before), computed once: finalize looks at a queued epoch at every drain until a step
+        boundary comes, thousands of collectives each at tensor-parallel rates."""
+        sig = self._sigs.get(e)
+        if sig is None:
+            sig = self._sigs[e] = self._make_sig(e)
+        return sig
+
+    def _make_sig(self, e: int) -> EpochSig:
         d = self.epochs.get(e) or EpochData()
         colls: Counter = Counter()
         first = last = None
+        comms = self.comms
         for n in d.nccl:
-            colls[(self.comms.get(n.comm, CommInfo(n.comm, -1, -1, "inferred")).hash, n.h.call)] += 1
-            first = n.enter_ns if first is None else min(first, n.enter_ns)
-            last = n.h.ts if last is None else max(last, n.h.ts)
+            info = comms.get(n.comm)
+            colls[(info.hash if info is not None else n.comm, n.h.call)] += 1
+        if d.nccl:
+            first = min(n.enter_ns for n in d.nccl)
+            last = max(n.h.ts for n in d.nccl)
         s = d.sync
         sync = (s.h.call, s.handle, s.h.tid) if s is not None else None
         marker = s is not None and call_name(s.h.call) == STEP_MARKER
@@ -315,6 +346,7 @@ class RankTracker:
         out: List[dict] = []
         if self.detector.period is None and not self.detector.step_fn:
             while len(self.queue) > MAX_PENDING_EPOCHS:  # no period yet: bound what we keep
+                self._sigs.pop(self.queue[0], None)
                 self._leave_out(self.queue.pop(0))
                 self.unassigned_epochs += 1
             return out
@@ -334,6 +366,8 @@ class RankTracker:
             keep = []
             self.last_boundary = e
         self.queue = keep
+        if len(self._sigs) > len(keep):
+            self._sigs = {x: self._sigs[x] for x in keep if x in self._sigs}
         return out
 
     def _leave_out(self, e: int) -> None:
@@ -525,30 +559,36 @@ class RankTracker:
                 if name.startswith("nccl"):
                     errors.setdefault(name, {})[str(res)] = errors.get(name, {}).get(str(res), 0) + c
             for n in d.nccl:
-                op = libnccl.OPS.get(call_name(n.h.call), call_name(n.h.call))
-                size = libnccl.DTYPE_SIZES[n.dtype] if n.dtype < len(libnccl.DTYPE_SIZES) else 0
-                nbytes = n.count * size
-                o = ops.setdefault(op, {"count": 0, "bytes": 0, "host_ns": 0})
+                h = n.h
+                op = _op_of(h.call)
+                nbytes = n.count * _DTYPE_SIZE.get(n.dtype, 0)
+                host_ns = h.ts - n.enter_ns
+                o = ops.get(op)
+                if o is None:
+                    o = ops[op] = {"count": 0, "bytes": 0, "host_ns": 0}
                 o["count"] += 1
                 o["bytes"] += nbytes
-                o["host_ns"] += n.h.ts - n.enter_ns
+                o["host_ns"] += host_ns
                 info = self.comms.get(n.comm) or CommInfo(n.comm, -1, -1, "inferred")
-                cm = comms.setdefault(
-                    info.key,
-                    {
+                key = info.key
+                seq = n.seq
+                cm = comms.get(key)
+                if cm is None:
+                    cm = comms[key] = {
                         "nranks": info.nranks,
                         "rank": info.rank,
                         "identity": info.source,
                         "ops": 0,
-                        "first_seq": n.seq,
-                        "last_seq": n.seq,
-                    },
-                )
+                        "first_seq": seq,
+                        "last_seq": seq,
+                    }
                 cm["ops"] += 1
-                if op not in ("Send", "Recv"):
-                    cm["first_seq"] = min(cm["first_seq"], n.seq)
-                    cm["last_seq"] = max(cm["last_seq"], n.seq)
-                arrival = [info.key, n.seq, op, nbytes, n.enter_ns, n.h.ts - n.enter_ns]
+                if op != "Send" and op != "Recv":
+                    if seq < cm["first_seq"]:
+                        cm["first_seq"] = seq
+                    if seq > cm["last_seq"]:
+                        cm["last_seq"] = seq
+                arrival = [key, seq, op, nbytes, n.enter_ns, host_ns]
                 if op in ("Send", "Recv", "Broadcast", "Reduce"):
                     arrival.append(n.peer)
                 if n.flags & NCCL_F_IN_GROUP:
