@@ -316,6 +316,9 @@ class PyAgent:
 
     def on_record(self, rec: Any) -> bool:
         """Python records go to their section (True); others are not ours (False)."""
+        kind = type(rec)
+        if kind is not RecPyMark and kind is not RecPyCall and kind is not RecEventRecord:
+            return False  # most records (collectives, syncs): one test, not three
         if isinstance(rec, RecPyMark):
             t = self.targets.get(rec.h.tgid)
             if t is not None and t.python is not None:
