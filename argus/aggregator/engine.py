@@ -31,6 +31,7 @@ from argus.aggregator.l3 import L3
 from argus.aggregator.robust import median
 from argus.aggregator.state import Aligner, Frame, Groups
 from argus.errors import BadData
+from argus.gpu import trouble
 from argus.schema import PARSE_ERRORS, Heartbeat, InFlight, RankStep, from_probe, parse_line
 
 Item = Union[RankStep, Heartbeat]
@@ -224,7 +225,7 @@ class Engine:
         d = self._job(rs.job)
         d.hosts[rs.rank] = rs.host  # the rank's own host wins over its agent's (heartbeats come first)
         if rs.gpu:
-            d.gpu[rs.rank] = dict(rs.gpu)  # NVML's latest sample of its device: evidence for its alerts
+            d.gpu[rs.rank] = rs.gpu  # NVML's latest sample of its device: evidence for its alerts
         out: List[Alert] = []
         for x in d.align.add(rs):  # on the job's step numbers and communicators (argus.aggregator.align)
             out += self._take(d, x)
@@ -470,8 +471,6 @@ class Engine:
     def _attach_gpu(self, d: JobDiag, findings: List[Finding]) -> None:
         if not d.gpu:
             return
-        from argus.gpu import trouble
-
         for f in findings:
             g = {r: d.gpu[r] for r in f.ranks if r in d.gpu}
             if g:

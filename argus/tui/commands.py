@@ -12,8 +12,8 @@ import click
 
 from argus.aggregator.cli import parse_steps
 from argus.errors import UsageError
-from argus.rediskeys import k_alerts
-from argus.tui.feed import Feed, decode_alert, jobs
+from argus.rediskeys import k_alerts, list_jobs
+from argus.tui.feed import Feed, decode_alert
 from argus.tui.top import connect, pick_job
 
 
@@ -97,7 +97,7 @@ def export_prometheus_cmd(
     lock = threading.Lock()
 
     def refresh() -> None:
-        names = list(job_names) or jobs(client)
+        names = list(job_names) or list_jobs(client)
         for j in names:
             if j not in feeds:
                 feeds[j] = Feed(client, j)

@@ -16,7 +16,7 @@ import msgpack
 from argus.errors import RedisUnavailable
 from argus.reader import Reader, notices
 from argus.redisconf import connection_hint
-from argus.rediskeys import k_alerts, k_steps, list_jobs
+from argus.rediskeys import k_alerts, k_steps
 from argus.schema import RankStep
 from argus.tui.snapshot import JobSnapshot, JobView
 
@@ -33,10 +33,6 @@ def decode_alert(fields: Dict[bytes, bytes]) -> Optional[dict]:
     if isinstance(obj, dict) and isinstance(obj.get("id"), str) and isinstance(obj.get("kind"), str):
         return obj
     return None
-
-
-def jobs(client: Any) -> List[str]:
-    return list_jobs(client)
 
 
 class Feed:

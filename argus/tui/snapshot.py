@@ -17,6 +17,7 @@ from typing import Deque, Dict, List, Optional, Tuple
 from argus.aggregator.align import JobAlign
 from argus.aggregator.l2 import arrival_lateness
 from argus.aggregator.state import Groups
+from argus.gpu import BENIGN_REASONS, throttle_names
 from argus.schema import RankStep
 
 WINDOW = 10  # steps of rolling lateness per rank
@@ -51,8 +52,6 @@ class RankRow:
 def gpu_cells(g: Dict[str, float]) -> Tuple[str, ...]:
     """SM clock, utilisation, power, temperature, and what is wrong (non-benign throttle reasons,
     XIDs): what an on-call engineer reads first about a GPU."""
-    from argus.gpu import BENIGN_REASONS, throttle_names
-
     if not g:
         return ()
     out = []

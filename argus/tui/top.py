@@ -13,7 +13,8 @@ from typing import Any, Optional
 import click
 
 from argus.errors import RedisUnavailable, UsageError
-from argus.tui.feed import Feed, detail, jobs
+from argus.rediskeys import list_jobs
+from argus.tui.feed import Feed, detail
 from argus.tui.render import ViewOptions, render
 
 SORTS = ("late", "step", "rank")
@@ -39,7 +40,7 @@ def connect(url: str) -> Any:
 def pick_job(client: Any, job: Optional[str]) -> str:
     if job:
         return job
-    known = jobs(client)
+    known = list_jobs(client)
     if len(known) == 1:
         return known[0]
     if not known:
