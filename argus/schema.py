@@ -58,6 +58,28 @@ class CommStep:
         return len(self.seqs)
 
 
+# Where a GPU-arrival bound came from (GpuArrival.bounds): one letter for the lower bound, one for
+# the upper. h: the host's enqueue (lower only); q: an event query (failed: lower, succeeded: upper);
+# s: a host sync returned; e: the collective's end event completed (upper, loose by the collective's
+# own time); -: none.
+BOUND_SOURCES = {"h": "host enqueue", "q": "event query", "s": "host sync", "e": "end event", "-": "none"}
+
+
+@dataclass
+class GpuArrival:
+    """When this rank's GPU reached the collectives of one of its steps (docs/diagnosis.md "Which
+    GPU arrived last"), from calls the framework makes anyway. The evidence comes in after the step
+    (an event's completion is seen at the next query), so a summary carries its previous step's."""
+
+    step: Optional[int]  # the rank's own step number these are for (its previous summary's)
+    # comm -> (index of the collective among the comm's in that step, lo, hi (0: unknown), sources)
+    bounds: Dict[str, List[Tuple[int, int, int, str]]] = field(default_factory=dict)
+    net_first_ns: int = 0  # realtime ns of the first network send in that step (0: none)
+    # comm -> the in-collective GPU times the framework read (cuEventElapsedTime of the start and end
+    # events around one collective: TORCH_NCCL_ENABLE_TIMING), ns, in the order read
+    coll_gpu_ns: Dict[str, List[int]] = field(default_factory=dict)
+
+
 @dataclass
 class RankStep:
     job: str
@@ -93,6 +115,8 @@ class RankStep:
     # NVML's latest sample of the rank's device (argus.gpu.compact): clocks, throttle mask,
     # utilisation, power, temperature, XID and link errors; empty without NVML
     gpu: Dict[str, float] = field(default_factory=dict)
+    # when this rank's GPU reached the collectives of its previous step (None: no evidence)
+    gpu_arrival: Optional[GpuArrival] = None
 
     @property
     def end_ns(self) -> int:
@@ -231,6 +255,25 @@ def from_probe(d: dict) -> RankStep:
         },
         gpu=gpu_compact(d["gpu"]) if isinstance(d.get("gpu"), dict) else {},
         drops={str(k): int(v) for k, v in (d.get("drops") or {}).items()},
+        gpu_arrival=_gpu_arrival(d.get("gpu_arrival"), off),
+    )
+
+
+def _gpu_arrival(g: Any, off: int) -> Optional[GpuArrival]:
+    """The probe's `gpu_arrival` object (monotonic ns) on the realtime clock."""
+    if not isinstance(g, dict):
+        return None
+    step = g.get("step")
+    return GpuArrival(
+        step=None if step is None else int(step),
+        bounds={
+            str(c): [
+                (int(i), int(lo) + off, int(hi) + off if int(hi) else 0, str(src)) for i, lo, hi, src in v
+            ]
+            for c, v in (g.get("bounds") or {}).items()
+        },
+        net_first_ns=int(g["net_first_ns"]) + off if g.get("net_first_ns") else 0,
+        coll_gpu_ns={str(c): [int(x) for x in v] for c, v in (g.get("coll_gpu_ns") or {}).items()},
     )
 
 

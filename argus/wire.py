@@ -32,7 +32,7 @@ from typing import Any, Collection, Dict, List, Mapping, Optional, Set
 import msgpack
 
 from argus.kde import Cluster, dequantize, quantize
-from argus.schema import OPS, P2P, CommStep, Heartbeat, InFlight, P2POp, RankStep
+from argus.schema import OPS, P2P, CommStep, GpuArrival, Heartbeat, InFlight, P2POp, RankStep
 from argus.validate import (
     MAX_MAP,
     NONNEG,
@@ -76,7 +76,7 @@ STEP_FIELDS = {
     "clock_uncertainty_ns": "cu", "sync_count": "sc", "sync_wait_ns": "sw", "phases": "ph",
     "phase_stream": "ps", "py_phases": "pp", "launches": "l", "launches_sampled": "lu", "kernels": "k/kx",
     "launch_api_ns": "la", "memcpy": "mc", "errors": "e", "comms": "c", "drops": "dr", "version": "v",
-    "gpu": "g",
+    "gpu": "g", "gpu_arrival": "ga",
 }  # fmt: skip
 COMM_FIELDS = {
     "comm": "id", "nranks": "n", "rank": "r", "identity": "i", "seqs": "s0/sd", "ops": "op", "nbytes": "b",
@@ -246,7 +246,29 @@ def encode_step(rs: RankStep, inline: Collection[str] = ()) -> bytes:
         d["dr"] = rs.drops
     if rs.gpu:
         d["g"] = {k: int(v) if float(v).is_integer() else v for k, v in rs.gpu.items()}
+    if rs.gpu_arrival is not None:
+        d["ga"] = _enc_gpu_arrival(rs.gpu_arrival, t0)
     return msgpack.packb(d, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def _rel_us(t: int, t0: int) -> int:
+    return (t - t0 + 500) // 1000
+
+
+def _enc_gpu_arrival(g: GpuArrival, t0: int) -> Dict[str, Any]:
+    """Times as µs from the step's start (negative: the previous step's); an unknown upper bound as
+    null."""
+    d: Dict[str, Any] = {"s": g.step}
+    if g.bounds:
+        d["b"] = {
+            c: [[i, _rel_us(lo, t0), _rel_us(hi, t0) if hi else None, src] for i, lo, hi, src in v]
+            for c, v in g.bounds.items()
+        }
+    if g.net_first_ns:
+        d["n"] = _rel_us(g.net_first_ns, t0)
+    if g.coll_gpu_ns:
+        d["t"] = g.coll_gpu_ns
+    return d
 
 
 def encode_heartbeat(hb: Heartbeat) -> bytes:
@@ -389,7 +411,7 @@ def _dec_comm(d: Any, t0: int, ignored: Optional[Set[str]]) -> CommStep:
 
 _STEP_KEYS = {
     "v", "j", "r", "h", "p", "s", "t0", "dt", "ss", "lr", "w", "co", "cu", "sc", "sw", "ph", "ps", "pp", "l",
-    "lu", "k", "kx", "la", "mc", "e", "c", "dr", "g",
+    "lu", "k", "kx", "la", "mc", "e", "c", "dr", "g", "ga",
 }  # fmt: skip
 
 
@@ -484,7 +506,38 @@ def _dec_step(
         rs.drops = str_int_map(d["dr"], "drops", NONNEG)
     if "g" in d:
         rs.gpu = str_num_map(d["g"], "gpu", MAX_GPU_KEYS, 1e15)
+    if "ga" in d:
+        rs.gpu_arrival = _dec_gpu_arrival(d["ga"], t0)
     return rs
+
+
+_GA_KEYS = {"s", "b", "n", "t"}
+REL_US = (-(10**12), 10**12)  # µs from the step's start: ±11 days
+
+
+def _dec_gpu_arrival(v: Any, t0: int) -> GpuArrival:
+    d = as_map(v, "gpu arrival", 8)
+    known_keys(d, _GA_KEYS, "gpu arrival")
+    g = GpuArrival(step=opt_int(d.get("s"), "gpu arrival step", NONNEG))
+    for comm, rows in as_map(d.get("b", {}), "gpu arrival bounds", MAX_COMMS).items():
+        out = []
+        for row in as_list(rows, "gpu arrival bounds", MAX_INSTANCES):
+            r = as_list(row, "gpu arrival bound", 4)
+            if len(r) != 4:
+                raise WireError("type", "gpu arrival bound is not [index, lo, hi, sources]")
+            i = as_int(r[0], "gpu arrival index", (0, MAX_INSTANCES))
+            lo = t0 + 1000 * as_int(r[1], "gpu arrival lower bound", REL_US)
+            hi = 0 if r[2] is None else t0 + 1000 * as_int(r[2], "gpu arrival upper bound", REL_US)
+            src = as_str(r[3], "gpu arrival sources", 4)
+            out.append((i, lo, hi, src))
+        g.bounds[as_str(comm, "communicator")] = out
+    if "n" in d:
+        g.net_first_ns = t0 + 1000 * as_int(d["n"], "first network send", REL_US)
+    for comm, ts in as_map(d.get("t", {}), "collective GPU times", MAX_COMMS).items():
+        g.coll_gpu_ns[as_str(comm, "communicator")] = as_ints(
+            ts, "collective GPU times", MAX_INSTANCES, NONNEG
+        )
+    return g
 
 
 MAX_WHERE = 300  # characters of one rank's "what it is doing" line

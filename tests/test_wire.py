@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from argus import wire
 from argus.kde import Cluster
 from argus.replay import Straggler, load_jsonl, synthetic_steps
-from argus.schema import OPS, CommStep, Heartbeat, InFlight, P2POp, RankStep, from_probe
+from argus.schema import OPS, CommStep, GpuArrival, Heartbeat, InFlight, P2POp, RankStep, from_probe
 from tests.wirecheck import assert_equivalent
 
 DATA = Path(__file__).parent / "data"
@@ -241,6 +241,23 @@ def rank_steps(draw: Any) -> RankStep:
                 max_size=12,
             )
         ),
+        gpu_arrival=draw(st.none() | gpu_arrivals(t0)),
+    )
+
+
+@st.composite
+def gpu_arrivals(draw: Any, t0: int) -> GpuArrival:
+    t = st.integers(-(10**12), 10**13).map(lambda x: t0 + x)
+    row = st.tuples(st.integers(0, 4000), t, st.just(0) | t, st.sampled_from(["hq", "qe", "h-", "ss"]))
+    return GpuArrival(
+        step=draw(st.none() | st.integers(0, 2**53)),
+        bounds=draw(
+            st.dictionaries(st.sampled_from(["00ab", "c0ffee"]), st.lists(row, max_size=5), max_size=2)
+        ),
+        net_first_ns=draw(st.just(0) | t),
+        coll_gpu_ns=draw(
+            st.dictionaries(st.sampled_from(["00ab"]), st.lists(st.integers(0, 10**12), max_size=4))
+        ),
     )
 
 
@@ -374,6 +391,22 @@ def test_new_identities_keep_older_readers_working() -> None:
     assert wire.decode_step(wire.encode_step(rs), {}).comms[cid].identity == "accessors"
     rs.comms[cid].identity = "init"
     assert "ix" not in msgpack.unpackb(wire.encode_step(rs), strict_map_key=False)["c"][0]
+
+
+def test_gpu_arrival_nonsense_is_refused() -> None:
+    ga = GpuArrival(4, {"00ab": [(0, T0 - 5000, T0 + 9000, "qq")]}, T0 + 7000, {"00ab": [40_000]})
+    rs = RankStep("j", 3, "h", 1, 5, T0, 10, gpu_arrival=ga)
+    assert wire.decode_step(wire.encode_step(rs)).gpu_arrival == ga
+    for bad in (
+        {"b": {"00ab": [[0, 1, 2]]}},
+        {"b": {"00ab": [[0, "x", 2, "qq"]]}},
+        {"t": {"00ab": [-1]}},
+        {"b": {"00ab": [[0, 1, 2, "too long"]]}},
+    ):
+        raw = msgpack.unpackb(wire.encode_step(rs), raw=False)
+        raw["ga"] = bad
+        with pytest.raises(wire.WireError):
+            wire.decode_step(msgpack.packb(raw))
 
 
 def test_gpu_metrics_travel_and_nonsense_is_refused() -> None:

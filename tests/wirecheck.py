@@ -48,3 +48,20 @@ def assert_equivalent(got: RankStep, want: RankStep) -> None:
         assert g.host_clusters.keys() == w.host_clusters.keys()
         for op, cl in w.host_clusters.items():
             _clusters_close(g.host_clusters[op], cl)
+    _gpu_arrival_close(got, want)
+
+
+def _gpu_arrival_close(got: RankStep, want: RankStep) -> None:
+    """GPU-arrival times travel as µs offsets: ≤ 500 ns off; everything else exact."""
+    g, w = got.gpu_arrival, want.gpu_arrival
+    assert (g is None) == (w is None), (g, w)
+    if g is None or w is None:
+        return
+    assert g.step == w.step and g.coll_gpu_ns == w.coll_gpu_ns
+    assert abs(g.net_first_ns - w.net_first_ns) <= ARRIVAL_ABS_ERROR_NS
+    assert g.bounds.keys() == w.bounds.keys()
+    for comm, rows in w.bounds.items():
+        assert len(g.bounds[comm]) == len(rows)
+        for (gi, glo, ghi, gs), (wi, wlo, whi, ws) in zip(g.bounds[comm], rows):
+            assert (gi, gs) == (wi, ws) and abs(glo - wlo) <= ARRIVAL_ABS_ERROR_NS
+            assert (ghi == 0) == (whi == 0) and abs(ghi - whi) <= ARRIVAL_ABS_ERROR_NS

@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from argus.agent.gpuarrive import GpuArrival
 from argus.agent.identity import Identity
 from argus.agent.steps import EpochSig, StepDetector
 from argus.probes import libcuda, libnccl
@@ -21,10 +22,13 @@ from argus.probes.records import (
     NCCL_F_IN_GROUP,
     RecCommInit,
     RecElapsed,
+    RecEventDone,
     RecEventRecord,
     RecFuncName,
     RecNccl,
+    RecNetSend,
     Record,
+    RecStreamWait,
     RecSync,
 )
 
@@ -33,6 +37,9 @@ FNV_OFFSET = 0xCBF29CE484222325
 MAX_PENDING_EPOCHS = 4096
 STEP_MARKER = "step_marker"
 GROUP_END = call_id("ncclGroupEnd")
+_STREAM_SYNC = call_id("cuStreamSynchronize")
+_EVENT_SYNC = call_id("cuEventSynchronize")
+_CTX_SYNC = call_id("cuCtxSynchronize")
 
 
 def fnv1a64(data: bytes, h: int = FNV_OFFSET) -> int:
@@ -164,6 +171,7 @@ class RankTracker:
         # extra per-step sections (python, host: argus/agent/pysection.py), each with
         # epochs() and summarize(epochs, timers) -> Optional[dict]
         self.sections: List[Any] = []
+        self.arrive = GpuArrival()  # when the GPU reached each collective (argus/agent/gpuarrive.py)
 
     def epoch(self, e: int) -> EpochData:
         d = self.epochs.get(e)
@@ -192,9 +200,27 @@ class RankTracker:
                 key = info.key
                 if r.seq > self.last_seq.get(key, -1):
                     self.last_seq[key] = r.seq
+                self.arrive.on_collective(h.epoch, key, r.seq, r.stream, r.enter_ns)
         elif isinstance(r, RecSync):
             self.epoch(r.h.epoch).sync = r
+            call = r.h.call
+            if call == _STREAM_SYNC:
+                self.arrive.on_stream_sync(r.handle, r.enter_ns, r.h.ts)
+            elif call == _EVENT_SYNC:
+                self.arrive.on_event_sync(r.handle, r.h.ts)
+            elif call == _CTX_SYNC:
+                self.arrive.on_ctx_sync(r.enter_ns, r.h.ts)
+        elif isinstance(r, RecEventDone):
+            self.arrive.on_event_done(r.event, r.not_ready_ns, r.h.ts)
+        elif isinstance(r, RecStreamWait):
+            self.arrive.on_stream_wait(r.stream, r.event)
+        elif isinstance(r, RecNetSend):
+            self.arrive.on_net_send(r.h.epoch, r.h.ts, r.prev_ns)
         elif isinstance(r, RecElapsed):
+            if r.result == 0 and self.arrive.on_elapsed(
+                r.start_ev, r.end_ev, round(_ms(r.ms_bits) * 1e6), r.h.epoch
+            ):
+                return  # the GPU time of one collective (TORCH_NCCL_ENABLE_TIMING), not a timer
             # A timer belongs to the step whose GPU work it measures: the epoch its end event was
             # recorded in (frameworks read timers after the step's sync, or steps later).
             e = self.event_epoch.get(r.end_ev, r.h.epoch)
@@ -203,6 +229,7 @@ class RankTracker:
             self.epoch(e).elapsed.append(r)
         elif isinstance(r, RecEventRecord):
             self.epoch(r.h.epoch).event_records += 1
+            self.arrive.on_event_record(r.event, r.stream, r.h.ts)
             _remember(self.event_stream, r.event, r.stream)
             _remember(self.event_epoch, r.event, r.h.epoch)
         elif isinstance(r, RecFuncName):
@@ -422,6 +449,7 @@ class RankTracker:
         drops = {k: v - self._drops_said.get(k, 0) for k, v in self.drops_total.items()}
         drops = {k: v for k, v in drops.items() if v > 0}
         self._drops_said = dict(self.drops_total)
+        gpu_arrival = self.arrive.close_step(epochs, step, start_ns)
         return {
             "schema": SCHEMA,
             **self.id.as_dict(),
@@ -440,6 +468,7 @@ class RankTracker:
             "cudart": self._cudart(data),
             "nccl": self._nccl(data),
             **({"drops": drops} if drops else {}),
+            **({"gpu_arrival": gpu_arrival} if gpu_arrival else {}),
             **self._sections(epochs, data),
         }
 

@@ -5,7 +5,8 @@
  * Host-blocking syncs (stream, event, context, synchronous copies and memsets): a record per
  * call with enter/exit, and the epoch of the process advances at return.
  * cuEventRecord (event -> stream) and cuEventElapsedTime (the milliseconds the caller got) are
- * records, so GPU timings the framework measures itself are harvested for free.
+ * records, so GPU timings the framework measures itself are harvested for free; cuStreamWaitEvent
+ * and the first successful cuEventQuery of a recording are records too (when the GPU got where).
  * Copies, allocations and frees: bytes per epoch. Every non-zero CUresult: counted per call.
  */
 
@@ -209,9 +210,7 @@ RESULT_PROBE(cuCtxSetCurrent)
 RESULT_PROBE(cuModuleLoadData)
 RESULT_PROBE(cuStreamCreate)
 RESULT_PROBE(cuStreamQuery)
-RESULT_PROBE(cuStreamWaitEvent)
 RESULT_PROBE(cuEventCreate)
-RESULT_PROBE(cuEventQuery)
 
 /* ---- allocations: sizes remembered by pointer so frees count bytes ----------------------------- */
 
@@ -221,6 +220,8 @@ struct alloc_key {
     u64 ptr;
 };
 BPF_HASH(allocs, struct alloc_key, u64, ARGUS_AGG_ENTRIES);
+/* (tgid, event) -> entry of the last query that found it not complete, or EVENT_DONE */
+BPF_HASH(event_seen, struct alloc_key, u64, 16384);
 
 int cuMemAlloc_v2_entry(struct pt_regs *ctx) {
     if (!target()) return 0;
@@ -263,6 +264,8 @@ RESULT_PROBE(cuMemFree_v2)
 int cuEventRecord_entry(struct pt_regs *ctx) {
     u32 tgid = cur_tgid();
     if (!targets.lookup(&tgid)) return 0;
+    struct alloc_key ek = {.tgid = tgid, .ptr = PT_REGS_PARM1(ctx)};
+    event_seen.delete(&ek); /* a new recording: its completion is a new question */
     struct rec_event_record *r = records.ringbuf_reserve(sizeof(struct rec_event_record));
     if (!r) {
         drop(DROP_RINGBUF);
@@ -276,6 +279,68 @@ int cuEventRecord_entry(struct pt_regs *ctx) {
     return 0;
 }
 RESULT_PROBE(cuEventRecord)
+
+/* ---- what the GPU passed, from calls the framework makes anyway --------------------------------
+ * cuStreamWaitEvent(stream, event) ties a stream's next work to an event of another stream (what
+ * PyTorch records before every collective); cuEventQuery's first success after a failure bounds
+ * when the GPU passed the event: after the failed query's entry, before the success's return.
+ * Only that transition becomes a record (one per recording at most), not every poll. */
+
+int cuStreamWaitEvent_entry(struct pt_regs *ctx) {
+    u32 tgid = cur_tgid();
+    if (!targets.lookup(&tgid)) return 0;
+    struct rec_stream_wait *r = records.ringbuf_reserve(sizeof(struct rec_stream_wait));
+    if (!r) {
+        drop(DROP_RINGBUF);
+        return 0;
+    }
+    fill_hdr(&r->h, REC_STREAM_WAIT, CALL_cuStreamWaitEvent, cur_epoch(tgid));
+    r->stream = PT_REGS_PARM1(ctx);
+    r->event = PT_REGS_PARM2(ctx);
+    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    return 0;
+}
+RESULT_PROBE(cuStreamWaitEvent)
+
+#define CUDA_ERROR_NOT_READY 600
+#define EVENT_DONE (~0ull)
+
+int cuEventQuery_entry(struct pt_regs *ctx) {
+    if (!target()) return 0;
+    struct scratch s = {.enter_ns = bpf_ktime_get_ns()};
+    s.a[0] = PT_REGS_PARM1(ctx);
+    save_scratch(CLASS_CUDA, &s);
+    return 0;
+}
+
+int cuEventQuery_return(struct pt_regs *ctx) {
+    u32 tgid = cur_tgid();
+    if (!targets.lookup(&tgid)) return 0;
+    s64 rc = (s32)PT_REGS_RC(ctx);
+    count_error(tgid, CALL_cuEventQuery, rc);
+    record_call(CALL_cuEventQuery, 0, 0, 0);
+    struct scratch s;
+    if (load_scratch(CLASS_CUDA, &s) != 0) return 0;
+    struct alloc_key k = {.tgid = tgid, .ptr = s.a[0]};
+    u64 *seen = event_seen.lookup(&k);
+    if (rc == CUDA_ERROR_NOT_READY) {
+        event_seen.update(&k, &s.enter_ns);
+        return 0;
+    }
+    if (rc != CU_SUCCESS || (seen && *seen == EVENT_DONE)) return 0;
+    struct rec_event_done *r = records.ringbuf_reserve(sizeof(struct rec_event_done));
+    if (!r) {
+        drop(DROP_RINGBUF);
+        return 0;
+    }
+    fill_hdr(&r->h, REC_EVENT_DONE, CALL_cuEventQuery, cur_epoch(tgid));
+    r->event = s.a[0];
+    r->not_ready_ns = seen ? *seen : 0;
+    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    u64 done = EVENT_DONE;
+    event_seen.update(&k, &done);
+    return 0;
+}
 
 /* cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd) */
 int cuEventElapsedTime_entry(struct pt_regs *ctx) {

@@ -247,3 +247,44 @@ NCCL_RESULT_PROBE(ncclGetVersion)
 NCCL_RESULT_PROBE(ncclGetUniqueId)
 NCCL_RESULT_PROBE(ncclCommDestroy)
 NCCL_RESULT_PROBE(ncclCommAbort)
+
+/* ---- the network proxy: when this rank's GPU had data to send ---------------------------------
+ * NCCL's proxy thread posts a network send only once the rank's kernel produced the data, so the
+ * first send after the previous step's end bounds when this rank's GPU reached its first network
+ * collective (docs/diagnosis.md). The transports are local symbols (.symtab), called through
+ * function pointers; sends are many per collective, so only the first of each epoch is a record,
+ * with the process's send before it. */
+
+struct net_state {
+    u64 epoch1; /* epoch + 1 of the last send (0: none yet) */
+    u64 last_ns;
+};
+BPF_HASH(net_sends, u32, struct net_state, 4096);
+
+static __always_inline int net_send(u32 call) {
+    u32 tgid = cur_tgid();
+    if (!targets.lookup(&tgid)) return 0;
+    u64 now = bpf_ktime_get_ns(), epoch = cur_epoch(tgid);
+    struct net_state *st = net_sends.lookup(&tgid);
+    if (st && st->epoch1 == epoch + 1) {
+        st->last_ns = now;
+        return 0;
+    }
+    struct net_state next = {.epoch1 = epoch + 1, .last_ns = now};
+    u64 prev = st ? st->last_ns : 0;
+    net_sends.update(&tgid, &next);
+    struct rec_net_send *r = records.ringbuf_reserve(sizeof(struct rec_net_send));
+    if (!r) {
+        drop(DROP_RINGBUF);
+        return 0;
+    }
+    fill_hdr(&r->h, REC_NET_SEND, call, epoch);
+    r->h.ts = now;
+    r->prev_ns = prev;
+    r->pad = 0;
+    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    return 0;
+}
+
+int ncclNetSocketIsend_entry(struct pt_regs *ctx) { return net_send(CALL_ncclNetSocketIsend); }
+int ncclIbIsend_entry(struct pt_regs *ctx) { return net_send(CALL_ncclIbIsend); }

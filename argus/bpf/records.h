@@ -175,6 +175,9 @@ struct call_key {
 #define REC_PY_CALL 10  /* precise mode: one call of a selected Python function, at its return */
 #define REC_CALL 11     /* record mode: one CUDA call (launch, copy, result-only call) */
 #define REC_GC 12       /* record mode: one garbage collection */
+#define REC_STREAM_WAIT 13 /* cuStreamWaitEvent: a stream waits for an event (GPU-arrival evidence) */
+#define REC_EVENT_DONE 14  /* the first successful cuEventQuery since the event was recorded */
+#define REC_NET_SEND 15    /* the first network send of NCCL's proxy in an epoch */
 
 #define PY_MAX_FRAMES 96
 #define PY_FRAME_READ 72 /* bytes read per frame: every field the walk uses lies in them */
@@ -298,6 +301,25 @@ struct rec_gc {
     s64 collected;
     s32 generation;
     u32 pad;
+};
+
+/* GPU-arrival evidence (docs/diagnosis.md "Which GPU arrived last"). */
+struct rec_stream_wait {
+    struct rec_hdr h; /* ts: entry */
+    u64 stream;
+    u64 event;
+};
+
+struct rec_event_done {
+    struct rec_hdr h; /* ts: return of the query that found the event complete */
+    u64 event;
+    u64 not_ready_ns; /* entry of the last query that found it not complete, 0 if none */
+};
+
+struct rec_net_send {
+    struct rec_hdr h; /* ts: entry of the send; tid: the proxy thread */
+    u64 prev_ns;      /* entry of this process's send before it (any epoch), 0 if none */
+    u64 pad;
 };
 
 #endif

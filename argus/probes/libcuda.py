@@ -36,9 +36,9 @@ SPECS: Tuple[UprobeSpec, ...] = (
     S("cuModuleLoadData", entry=False),
     S("cuStreamCreate", entry=False),
     S("cuStreamQuery", entry=False),
-    S("cuStreamWaitEvent", entry=False),
+    S("cuStreamWaitEvent"),
     S("cuEventCreate", entry=False),
-    S("cuEventQuery", entry=False),
+    S("cuEventQuery"),
     S("cuGraphLaunch", report_missing=False),
 )
 # Per-thread default stream builds of the runtime (nvcc --default-stream per-thread) call these

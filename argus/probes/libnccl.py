@@ -31,13 +31,17 @@ SPECS = (
     S("ncclGetUniqueId", entry=False),
     S("ncclCommDestroy", entry=False),
     S("ncclCommAbort", entry=False),
+    # the network transports' send, run by the proxy thread (local symbols of NVIDIA's builds)
+    S("ncclNetSocketIsend", ret=False, report_missing=False),
+    S("ncclIbIsend", ret=False, report_missing=False),
 )
 CHANNEL = Channel(
     name="nccl", library_re=r"libnccl\.so(\.\d+)*", source="nccl.bpf.c", specs=SPECS, macro="ARGUS_NCCL"
 )
 register_calls([s.symbol for s in SPECS])
 # ncclGroupStart has no return program; keep the table honest
-ENTRY_ONLY = frozenset({"ncclGroupStart"})
+ENTRY_ONLY = frozenset({"ncclGroupStart", "ncclNetSocketIsend", "ncclIbIsend"})
+NET_SENDS = frozenset({"ncclNetSocketIsend", "ncclIbIsend"})
 
 OPS = {
     "ncclAllReduce": "AllReduce",

@@ -22,6 +22,9 @@ REC_OFFCPU = 9
 REC_PY_CALL = 10
 REC_CALL = 11
 REC_GC = 12
+REC_STREAM_WAIT = 13
+REC_EVENT_DONE = 14
+REC_NET_SEND = 15
 PY_MAX_FRAMES = 96
 PY_F_TRUNCATED = 1
 PROF_ONCPU, PROF_OFFCPU = 0, 1
@@ -262,6 +265,18 @@ class RecGc(S):
     ]
 
 
+class RecStreamWait(S):
+    _fields_ = [("h", RecHdr), ("stream", c_uint64), ("event", c_uint64)]
+
+
+class RecEventDone(S):
+    _fields_ = [("h", RecHdr), ("event", c_uint64), ("not_ready_ns", c_uint64)]
+
+
+class RecNetSend(S):
+    _fields_ = [("h", RecHdr), ("prev_ns", c_uint64), ("pad", c_uint64)]
+
+
 # C struct name -> mirror, for the layout test
 MIRRORS: Dict[str, Type[S]] = {
     "target_cfg": TargetCfg,
@@ -292,6 +307,9 @@ MIRRORS: Dict[str, Type[S]] = {
     "rec_py_call": RecPyCall,
     "rec_call": RecCall,
     "rec_gc": RecGc,
+    "rec_stream_wait": RecStreamWait,
+    "rec_event_done": RecEventDone,
+    "rec_net_send": RecNetSend,
 }
 
 _BY_KIND: Dict[int, Type[S]] = {
@@ -307,6 +325,9 @@ _BY_KIND: Dict[int, Type[S]] = {
     REC_PY_CALL: RecPyCall,
     REC_CALL: RecCall,
     REC_GC: RecGc,
+    REC_STREAM_WAIT: RecStreamWait,
+    REC_EVENT_DONE: RecEventDone,
+    REC_NET_SEND: RecNetSend,
 }
 Record = Union[
     RecSync,
@@ -321,6 +342,9 @@ Record = Union[
     RecPyCall,
     RecCall,
     RecGc,
+    RecStreamWait,
+    RecEventDone,
+    RecNetSend,
 ]
 
 

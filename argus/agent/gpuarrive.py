@@ -1,0 +1,302 @@
+"""When this process's GPU reached each collective, from calls the framework makes anyway.
+
+A stock PyTorch job records no timers, and NCCL enqueues and returns, so the host's arrival at a
+collective says nothing about its GPU's. What the host does show (docs/diagnosis.md "Which GPU
+arrived last"):
+
+* event recordings put marks on a stream, in the order the GPU passes them; `cuStreamWaitEvent`
+  ties a stream's next work to a mark of another stream (PyTorch records one on the compute stream
+  before every collective and makes the NCCL stream wait for it);
+* the first successful `cuEventQuery` of a recording (a watchdog, a caching allocator) says the GPU
+  had passed the mark by then, the failed query before it that it had not yet (one BPF record per
+  recording: argus/bpf/cuda.bpf.c); a stream or event sync's return says the same of every mark
+  before it;
+* the elapsed time read between the events recorded right before and after one collective
+  (TORCH_NCCL_ENABLE_TIMING) is the time the GPU spent inside it: least on the rank that came last;
+* NCCL's proxy posts a network send only once the kernel produced data: the first send after a
+  step began bounds when the GPU reached the step's first network collective (argus/bpf/nccl.bpf.c).
+
+Positions count every operation of a stream this process shows (recordings, waits, collectives,
+syncs); kernels launched in between are not seen, which is why only a mark right before a
+collective bounds its start from above. Evidence comes in after the step it is about (a recording
+completes at the next query), so `close_step` returns the bounds of the step closed before.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Deque, Dict, List, Optional, Tuple
+
+MAX_MARKS = 8192  # per stream: a few steps' worth at PyTorch's rates
+NEVER = 1 << 63
+
+
+@dataclass
+class Mark:
+    """A point of a stream the GPU passes: an event recording or a host sync of the stream."""
+
+    stream: int
+    pos: int
+    ts: int  # host time of the recording (monotonic ns)
+    not_passed: int = 0  # the GPU had not passed it at this time (0: unknown)
+    passed: int = 0  # ... and had by this time (0: unknown)
+    by_sync: bool = False
+
+
+@dataclass
+class _Coll:
+    epoch: int
+    comm: Any  # the communicator's key (CommInfo.key)
+    seq: int
+    stream: int
+    pos: int
+    after: int  # position of the stream's previous wait or collective (-1: none)
+    enter_ns: int
+    waits: List[Mark]
+
+
+@dataclass
+class _Step:
+    epochs: List[int]
+    step: Optional[int]
+    start_ns: int
+    colls: List[_Coll] = field(default_factory=list)
+    coll_gpu_ns: Dict[Any, List[int]] = field(default_factory=dict)
+
+
+class GpuArrival:
+    """Per process: stream marks, the collectives on them, and the evidence that bounds them."""
+
+    def __init__(self) -> None:
+        self.next_pos: Dict[int, int] = {}
+        self.marks: Dict[int, Deque[Mark]] = {}
+        self.event_mark: Dict[int, Mark] = {}  # event -> its latest recording
+        self.waits: Dict[int, List[Mark]] = {}  # stream -> marks it waits for before its next collective
+        self.colls: Dict[int, List[_Coll]] = {}  # epoch -> collectives enqueued in it
+        self.barrier: Dict[int, int] = {}  # stream -> position of its latest wait or collective
+        self.coll_pos: Dict[int, Deque[Tuple[int, _Coll]]] = {}  # stream -> recent (position, collective)
+        self.net: Dict[int, Tuple[int, int]] = {}  # epoch -> (its first network send, the send before)
+        self.coll_gpu: Dict[int, Dict[Any, List[int]]] = {}  # epoch read in -> comm -> GPU ns
+        self.pending: Optional[_Step] = None
+        self.consumed_elapsed = 0
+
+    # ---- inputs (argus.agent.tracker feeds its records) ----------------------------------------------
+
+    def _pos(self, stream: int) -> int:
+        p = self.next_pos.get(stream, 0)
+        self.next_pos[stream] = p + 1
+        return p
+
+    def _mark(self, stream: int, ts: int) -> Mark:
+        m = Mark(stream, self._pos(stream), ts)
+        q = self.marks.get(stream)
+        if q is None:
+            q = self.marks[stream] = deque(maxlen=MAX_MARKS)
+        q.append(m)
+        return m
+
+    def on_event_record(self, event: int, stream: int, ts: int) -> None:
+        self.event_mark[event] = self._mark(stream, ts)
+
+    def on_stream_wait(self, stream: int, event: int) -> None:
+        self.barrier[stream] = self._pos(stream)
+        m = self.event_mark.get(event)
+        if m is not None and m.stream != stream:
+            self.waits.setdefault(stream, []).append(m)
+
+    def on_event_done(self, event: int, not_ready_ns: int, ts: int) -> None:
+        m = self.event_mark.get(event)
+        if m is None:
+            return
+        if not_ready_ns and not_ready_ns >= m.ts:  # a failed query of this recording
+            m.not_passed = max(m.not_passed, not_ready_ns)
+        if not m.passed or ts < m.passed:
+            m.passed = ts
+
+    def on_stream_sync(self, stream: int, enter_ns: int, exit_ns: int) -> None:
+        m = self._mark(stream, enter_ns)
+        m.passed, m.by_sync = exit_ns, True
+
+    def on_ctx_sync(self, enter_ns: int, exit_ns: int) -> None:
+        for stream in list(self.next_pos):
+            self.on_stream_sync(stream, enter_ns, exit_ns)
+
+    def on_event_sync(self, event: int, exit_ns: int) -> None:
+        m = self.event_mark.get(event)
+        if m is not None and (not m.passed or exit_ns < m.passed):
+            m.passed, m.by_sync = exit_ns, True
+
+    def on_collective(self, epoch: int, comm: Any, seq: int, stream: int, enter_ns: int) -> None:
+        pos = self._pos(stream)
+        after = self.barrier.get(stream, -1)
+        self.barrier[stream] = pos
+        c = _Coll(epoch, comm, seq, stream, pos, after, enter_ns, self.waits.pop(stream, []))
+        self.colls.setdefault(epoch, []).append(c)
+        q = self.coll_pos.get(stream)
+        if q is None:
+            q = self.coll_pos[stream] = deque(maxlen=MAX_MARKS)
+        q.append((pos, c))
+
+    def on_elapsed(self, start_ev: int, end_ev: int, ns: int, epoch: int) -> bool:
+        """True when the two events bracket exactly one collective on one stream (the time the GPU
+        spent in it, not a framework timer): the caller then leaves it out of the timers."""
+        a, b = self.event_mark.get(start_ev), self.event_mark.get(end_ev)
+        q = self.coll_pos.get(a.stream) if a is not None else None
+        if a is None or b is None or a.stream != b.stream or not q:
+            return False
+        inside = [c for p, c in _between(q, a.pos, b.pos)]
+        if len(inside) != 1:
+            return False
+        self.coll_gpu.setdefault(epoch, {}).setdefault(inside[0].comm, []).append(ns)
+        self.consumed_elapsed += 1
+        return True
+
+    def on_net_send(self, epoch: int, ts: int, prev_ns: int) -> None:
+        if epoch not in self.net:
+            self.net[epoch] = (ts, prev_ns)
+
+    # ---- per step --------------------------------------------------------------------------------------
+
+    def close_step(self, epochs: List[int], step: Optional[int], start_ns: int) -> Optional[Dict[str, Any]]:
+        """Close a step (its epochs, its number, its start, monotonic ns); return the previous step's
+        evidence as the probe's `gpu_arrival` object, or None when there is none."""
+        cur = _Step(list(epochs), step, start_ns)
+        for e in epochs:
+            cur.colls += self.colls.pop(e, [])
+            for comm, ts in self.coll_gpu.pop(e, {}).items():
+                cur.coll_gpu_ns.setdefault(comm, []).extend(ts)
+        prev, self.pending = self.pending, cur
+        out = self._finish(prev, cur) if prev is not None else None
+        # marks before the pending step began bound nothing of it (its collectives were enqueued after)
+        for q in self.marks.values():
+            while q and q[0].ts < start_ns:
+                q.popleft()
+        # what no step will claim: older epochs
+        low = min(epochs, default=0)
+        for d in (self.colls, self.net, self.coll_gpu):
+            for e in [e for e in d if e < low]:
+                del d[e]
+        return out
+
+    def _finish(self, st: _Step, nxt: _Step) -> Optional[Dict[str, Any]]:
+        bounds: Dict[Any, List[List[Any]]] = {}
+        index = _instance_index(st.colls)
+        lo_tab = {s: _prefix_not_passed(q) for s, q in self.marks.items()}
+        hi_tab = {s: _suffix_passed(q) for s, q in self.marks.items()}
+        for c in st.colls:
+            i = index.get(id(c))
+            if i is None:
+                continue
+            lo, lo_src = c.enter_ns, "h"
+            for m in c.waits:  # the stream cannot start it before the marks it waits for are passed
+                v = _lookup_lo(lo_tab.get(m.stream), m.pos)
+                if v > lo:
+                    lo, lo_src = v, "q"
+            v = _lookup_lo(lo_tab.get(c.stream), c.pos - 1)
+            if v > lo:
+                lo, lo_src = v, "q"
+            hi, hi_src = _lookup_hi(hi_tab.get(c.stream), c.pos, c.after)
+            if hi and hi < lo:  # clocks of one host: cannot be; keep what is certain
+                hi, hi_src = 0, "-"
+            bounds.setdefault(c.comm, []).append([i, lo, hi, lo_src + hi_src])
+        # the step's first network send: the GPU reached its first network collective by then
+        net_first = 0
+        net = [self.net[e] for e in st.epochs if e in self.net]
+        if net:
+            ts, prev = min(net)
+            if prev < st.start_ns:
+                net_first = ts
+        # in-collective GPU times of this step's collectives are read during the next step
+        coll_gpu = nxt.coll_gpu_ns
+        if not bounds and not net_first and not coll_gpu:
+            return None
+        out: Dict[str, Any] = {"step": st.step}
+        if bounds:
+            out["bounds"] = {str(k): v for k, v in bounds.items()}
+        if net_first:
+            out["net_first_ns"] = net_first
+        if coll_gpu:
+            out["coll_gpu_ns"] = {str(k): v for k, v in coll_gpu.items()}
+        return out
+
+
+def _instance_index(colls: List[_Coll]) -> Dict[int, int]:
+    """Each collective's index among its communicator's in the step, by sequence number (the order
+    argus.schema.CommStep keeps)."""
+    per: Dict[Any, List[_Coll]] = {}
+    for c in colls:
+        per.setdefault(c.comm, []).append(c)
+    out: Dict[int, int] = {}
+    for cs in per.values():
+        for i, c in enumerate(sorted(cs, key=lambda c: c.seq)):
+            out[id(c)] = i
+    return out
+
+
+def _between(q: Deque[Tuple[int, _Coll]], a: int, b: int) -> List[Tuple[int, _Coll]]:
+    """The collectives of a stream strictly between positions a and b (newest last)."""
+    out = []
+    for p, c in reversed(q):
+        if p <= a:
+            break
+        if p < b:
+            out.append((p, c))
+    return out
+
+
+# per stream, marks by position: positions ascending, the running bound at each, its source, and
+# the mark's own time passed
+_Table = Tuple[List[int], List[int], List[str], List[int]]
+
+
+def _prefix_not_passed(q: Deque[Mark]) -> Tuple[List[int], List[int]]:
+    """Latest time the GPU had surely not passed position p: the max over marks at or before p."""
+    pos, val, best = [], [], 0
+    for m in q:
+        best = max(best, m.not_passed)
+        pos.append(m.pos)
+        val.append(best)
+    return pos, val
+
+
+def _suffix_passed(q: Deque[Mark]) -> _Table:
+    """Earliest time the GPU had surely passed position p: the min over marks at or after p."""
+    pos = [m.pos for m in q]
+    own = [m.passed for m in q]
+    val = [0] * len(pos)
+    src = ["-"] * len(pos)
+    best, how = NEVER, "-"
+    for k in range(len(pos) - 1, -1, -1):
+        m = q[k]
+        if m.passed and m.passed < best:
+            best, how = m.passed, "s" if m.by_sync else "q"
+        val[k] = best if best < NEVER else 0
+        src[k] = how
+    return pos, val, src, own
+
+
+def _lookup_lo(tab: Optional[Tuple[List[int], List[int]]], p: int) -> int:
+    if not tab or p < 0:
+        return 0
+    pos, val = tab
+    k = bisect.bisect_right(pos, p) - 1
+    return val[k] if k >= 0 else 0
+
+
+def _lookup_hi(tab: Optional[_Table], cpos: int, after: int) -> Tuple[int, str]:
+    """Upper bound on when the stream reached the collective at `cpos`: the last mark before it,
+    when nothing we know of lies between (it comes after the stream's last wait), passed: tight;
+    anything after it passed: the collective had ended by then (loose: 'e', or 's' for a sync)."""
+    if not tab:
+        return 0, "-"
+    pos, val, src, own = tab
+    k = bisect.bisect_left(pos, cpos) - 1
+    if k >= 0 and pos[k] > after and val[k]:
+        tight = own[k] == val[k]
+        return val[k], src[k] if tight else ("e" if src[k] == "q" else src[k])
+    k = bisect.bisect_left(pos, cpos)
+    if k < len(pos) and val[k]:
+        return val[k], "e" if src[k] == "q" else src[k]
+    return 0, "-"

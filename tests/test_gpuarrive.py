@@ -1,0 +1,105 @@
+"""GPU-arrival bounds from scripted record sequences (argus/agent/gpuarrive.py): the PyTorch
+ProcessGroupNCCL pattern with and without timing, a caching allocator's queries, syncs and the
+network proxy's first send. Pure: no BPF."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from argus.agent.gpuarrive import GpuArrival
+
+C, N = 0xC0, 0xD0  # compute and NCCL streams
+
+
+def collective(g: GpuArrival, t: int, k: int, epoch: int = 0, timing: bool = True) -> Dict[str, int]:
+    """One ProcessGroupNCCL collective at host time t: events pre/start/end of instance k."""
+    pre, start, end = 0x1000 + k, 0x2000 + k, 0x3000 + k
+    g.on_event_record(pre, C, t)
+    g.on_stream_wait(N, pre)
+    if timing:
+        g.on_event_record(start, N, t + 1)
+    g.on_collective(epoch, "X", k, N, t + 2)
+    g.on_event_record(end, N, t + 3)
+    return {"pre": pre, "start": start, "end": end}
+
+
+def bounds(out: Optional[Dict[str, Any]]) -> Dict[int, list]:
+    assert out is not None
+    return {row[0]: row[1:] for row in out["bounds"]["X"]}
+
+
+def test_a_start_event_query_bounds_the_arrival_tightly() -> None:
+    g = GpuArrival()
+    ev = collective(g, 100, 0)
+    g.on_event_done(ev["start"], 150, 300)  # not passed at 150, passed by 300
+    g.on_event_done(ev["end"], 310, 400)
+    assert g.close_step([0], 7, 90) is None  # the evidence comes with the next step's summary
+    out = g.close_step([1], 8, 500)
+    assert out is not None and out["step"] == 7
+    assert bounds(out)[0] == [150, 300, "qq"]
+
+
+def test_without_timing_only_the_end_event_bounds_it_and_says_so() -> None:
+    g = GpuArrival()
+    ev = collective(g, 100, 0, timing=False)
+    g.on_event_done(ev["end"], 310, 400)  # a failed query after the collective says nothing of its start
+    g.close_step([0], 0, 90)
+    assert bounds(g.close_step([1], 1, 500))[0] == [102, 400, "he"]
+
+
+def test_the_compute_streams_marks_bound_it_from_below() -> None:
+    """A caching allocator's failed query of a mark recorded before the pre-collective event: the
+    compute stream had not got there, so neither had the collective."""
+    g = GpuArrival()
+    g.on_event_record(0x77, C, 50)  # an allocator block freed on the compute stream
+    ev = collective(g, 100, 0, timing=False)
+    g.on_event_done(0x77, 180, 260)
+    g.on_event_done(ev["end"], 0, 500)
+    g.close_step([0], 0, 40)
+    assert bounds(g.close_step([1], 1, 600))[0] == [180, 500, "qe"]
+
+
+def test_a_mark_before_the_wait_does_not_bound_it_from_above() -> None:
+    """The previous collective's end event passed: that says nothing of this one, which also waits
+    for its pre-collective event."""
+    g = GpuArrival()
+    ev0 = collective(g, 100, 0, timing=False)
+    collective(g, 200, 1, timing=False)
+    g.on_event_done(ev0["end"], 0, 250)
+    g.close_step([0], 0, 90)
+    b = bounds(g.close_step([1], 1, 900))
+    assert b[0] == [102, 250, "he"]
+    assert b[1] == [202, 0, "h-"]
+
+
+def test_stream_sync_and_elapsed_and_net_send() -> None:
+    g = GpuArrival()
+    ev = collective(g, 100, 0)
+    g.on_stream_sync(N, 120, 450)
+    g.on_net_send(0, 210, 5)
+    g.close_step([0], 3, 90)
+    assert g.on_elapsed(ev["start"], ev["end"], 40_000, 1)  # read by the watchdog in the next step
+    assert not g.on_elapsed(ev["pre"], ev["end"], 1, 1)  # two streams: a framework timer
+    out = g.close_step([1], 4, 500)
+    assert out is not None
+    assert bounds(out)[0] == [102, 450, "hs"]
+    assert out["net_first_ns"] == 210
+    assert out["coll_gpu_ns"] == {"X": [40_000]}
+
+
+def test_a_send_that_continues_an_earlier_collective_is_not_the_steps_first() -> None:
+    g = GpuArrival()
+    collective(g, 100, 0)
+    g.on_net_send(0, 210, 95)  # the send before it was inside this step: not its first
+    g.close_step([0], 0, 90)
+    out = g.close_step([1], 1, 500)
+    assert out is not None and "net_first_ns" not in out
+
+
+def test_elapsed_over_several_collectives_stays_a_timer() -> None:
+    g = GpuArrival()
+    g.on_event_record(0x51, N, 10)
+    collective(g, 100, 0, timing=False)
+    collective(g, 200, 1, timing=False)
+    g.on_event_record(0x52, N, 300)
+    assert not g.on_elapsed(0x51, 0x52, 5, 0)
