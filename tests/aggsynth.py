@@ -191,3 +191,153 @@ def judge(items: Iterable[Any], th: Optional[Any] = None) -> Any:
         eng.add(x)
     eng.flush()
     return eng
+
+
+# ---- GPU arrival: a data-parallel job without timers (docs/diagnosis.md "Which GPU arrived last") ----
+
+
+@dataclass
+class GpuJob:
+    """A DDP-like job whose GPU timeline is modelled per gradient bucket: rank r's GPU reaches
+    bucket b's all-reduce once its forward and b+1 buckets of backward ran (and the previous
+    all-reduce ended); the all-reduce starts when the last member reached it and ends together on
+    every rank. Hosts enqueue everything within milliseconds of the step's start (NCCL's
+    enqueue-and-return), so host arrivals say nothing of the GPUs. What the summaries carry of the
+    GPU is chosen per test: CUDA-event timers, and the agent's GPU-arrival evidence one step late
+    (first network send, event-query bounds tight or loose, in-collective GPU times)."""
+
+    ranks: int = 8
+    hosts: int = 2
+    steps: int = 40
+    seed: int = 1
+    job: str = "gpu-synth"
+    slow: Optional[Tuple[int, float, int]] = None  # rank, factor on its GPU's compute, from step
+    fwd_ms: float = 95.0
+    bwd_ms: float = 85.0
+    buckets: int = 4
+    coll_ms: float = 6.0  # one all-reduce's own time
+    data_ms: float = 10.0
+    opt_ms: float = 5.0
+    timers: bool = False
+    net: bool = False  # the proxy's first network send (the group spans hosts)
+    net_jitter_ms: float = 0.05  # its latency after the GPU's arrival: uniform in [0, this]
+    net_bias_ms: Dict[int, float] = field(default_factory=dict)  # rank -> later by this (a slow proxy)
+    bounds: str = ""  # "" | "tight" (event queries around the arrival) | "loose" (host enqueue .. end event)
+    coll_times: bool = False  # in-collective GPU times (TORCH_NCCL_ENABLE_TIMING=1)
+    clock_ms: Dict[str, float] = field(default_factory=dict)  # host -> its clock ahead by this
+    clock_err_ms: Dict[str, float] = field(default_factory=dict)  # host -> its agents' clock error bound
+    host_of: Dict[int, str] = field(default_factory=dict)  # rank -> host (else spread evenly over `hosts`)
+    # rank -> the job step its agent attached at: its summaries start there, numbered from 0
+    # (`ordinal`: the aggregator aligns them by their step ends), its evidence a step later
+    attach: Dict[int, int] = field(default_factory=dict)
+
+
+def generate_gpu(j: GpuJob) -> List[dict]:
+    rng = random.Random(j.seed)
+    comm = f"{zlib.crc32(f'{j.job}/dp'.encode()):08x}00000000"
+    per_host = -(-j.ranks // j.hosts)
+    host = {r: j.host_of.get(r, f"node-{r // per_host}") for r in range(j.ranks)}
+    out: List[dict] = []
+    prev_ev: Dict[int, dict] = {}
+    t = T0
+    for s in range(j.steps):
+        start = {r: t + int(rng.uniform(0, 0.3) * MS) for r in range(j.ranks)}
+        gpu0 = {r: start[r] + int((j.data_ms + rng.uniform(0.5, 1.5)) * MS) for r in range(j.ranks)}
+        k = {r: (j.slow[1] if j.slow and r == j.slow[0] and s >= j.slow[2] else 1.0) for r in range(j.ranks)}
+        fwd = {r: j.fwd_ms * k[r] + rng.uniform(0.0, 0.2) for r in range(j.ranks)}
+        bwd = {r: j.bwd_ms * k[r] + rng.uniform(0.0, 0.2) for r in range(j.ranks)}
+        reach: Dict[int, List[int]] = {r: [] for r in range(j.ranks)}  # GPU reached bucket b's all-reduce
+        ends: List[int] = []
+        end_prev = 0
+        for b in range(j.buckets):
+            for r in range(j.ranks):
+                ready = gpu0[r] + int((fwd[r] + (b + 1) * bwd[r] / j.buckets) * MS)
+                reach[r].append(max(ready, end_prev))
+            begin = max(reach[r][b] for r in range(j.ranks))
+            end_prev = begin + int((j.coll_ms + rng.uniform(0.0, 0.1)) * MS)
+            ends.append(end_prev)
+        fin = end_prev + int(j.opt_ms * MS)
+        enq = {r: gpu0[r] + int(rng.uniform(1.0, 2.5) * MS) for r in range(j.ranks)}
+        for r in range(j.ranks):
+            c = int(j.clock_ms.get(host[r], 0.0) * MS)  # every realtime stamp of its host
+            at = j.attach.get(r, 0)
+            if s < at:
+                continue
+            end = fin + int(rng.uniform(0.0, 0.2) * MS)
+            dur = end - start[r]
+            arrivals = [
+                [comm, (s - at) * j.buckets + b, "AllReduce", 16 << 20, enq[r] + b * 60_000 + c, 2_000]
+                for b in range(j.buckets)
+            ]
+            timers = []
+            if j.timers:
+                ct = ends[-1] - reach[r][0]
+                timers = [
+                    {"ms": fwd[r], "stream": COMPUTE},
+                    {"ms": bwd[r], "stream": COMPUTE},
+                    {"ms": j.opt_ms, "stream": COMPUTE},
+                    {"ms": ct / MS, "stream": COMM_STREAM},
+                ]
+            busy = int((j.data_ms + 3.0) * MS)
+            d: Dict[str, Any] = {
+                "schema": 1,
+                "job": j.job,
+                "rank": r,
+                "world_size": j.ranks,
+                "host": host[r],
+                "pid": 1000 + r,
+                "step": s - at,
+                "step_source": "ordinal" if r in j.attach else "nccl-seq",
+                "start_ns": start[r] + c,
+                "duration_ns": dur,
+                "wall_offset_ns": 0,
+                "wall_offset_err_ns": int(j.clock_err_ms.get(host[r], 0.0) * MS),
+                "cuda": {
+                    "launches": {"total": 165, "by_kernel": {"gemm": 165}},
+                    "sync": {"count": 1, "wait_ns": max(0, dur - busy)},
+                    "timers": timers,
+                },
+                "nccl": {
+                    "comms": {comm: {"nranks": j.ranks, "rank": r, "identity": "init"}},
+                    "arrivals": arrivals,
+                },
+            }
+            if r in prev_ev:
+                d["gpu_arrival"] = prev_ev[r]
+            # this step's evidence, carried by the next summary
+            ev: Dict[str, Any] = {"step": s - at}
+            if j.net:
+                lat = rng.uniform(0.0, j.net_jitter_ms) + j.net_bias_ms.get(r, 0.0)
+                ev["net_first_ns"] = reach[r][0] + int(lat * MS) + c
+            if j.bounds == "tight":
+                ev["bounds"] = {
+                    comm: [
+                        [
+                            b,
+                            reach[r][b] - int(rng.uniform(0.05, 0.4) * MS) + c,
+                            reach[r][b] + int(rng.uniform(0.05, 0.4) * MS) + c,
+                            "qq",
+                        ]
+                        for b in range(j.buckets)
+                    ]
+                }
+            elif j.bounds == "loose":
+                ev["bounds"] = {
+                    comm: [
+                        [b, enq[r] + b * 60_000 + c, ends[b] + int(rng.uniform(0.0, 0.5) * MS) + c, "he"]
+                        for b in range(j.buckets)
+                    ]
+                }
+            if j.coll_times:
+                ev["coll_gpu_ns"] = {comm: [ends[b] - reach[r][b] for b in range(j.buckets)]}
+            if len(ev) > 1:  # the agent sends none when it has nothing
+                prev_ev[r] = ev
+            out.append(d)
+        t = fin + int(0.5 * MS)
+    return out
+
+
+def gpu_steps(j: GpuJob) -> list:
+    from argus.schema import from_probe
+
+    return [from_probe(d) for d in generate_gpu(j)]

@@ -481,7 +481,14 @@ class JobAlign:
             if c.seqs:
                 ra.seqpos[local] = (g, c.seqs[0], len(c.seqs))
             comms[local] = dataclasses.replace(c, seqs=[g * POSITIONS + i for i in range(len(c.seqs))])
-        return dataclasses.replace(rs, step=g, comms=comms)  # job communicators: at release
+        # GPU-arrival evidence is for the rank's previous step (its own number): on the job's by the
+        # same offset; evidence that claims this step or a later one is not evidence of a past step
+        ga = rs.gpu_arrival
+        if ga is not None:
+            own = ga.step
+            past = own is not None and own < (rs.step or 0)
+            ga = dataclasses.replace(ga, step=(own or 0) + ra.offset) if past else None
+        return dataclasses.replace(rs, step=g, comms=comms, gpu_arrival=ga)  # job communicators: at release
 
     def resolve(self, rs: RankStep) -> RankStep:
         """The summary with its communicators under their job keys (call at judging time: a local
@@ -496,7 +503,15 @@ class JobAlign:
             comms[key] = dataclasses.replace(
                 c, comm=key, nranks=jc.nranks, rank=jc.members.get(rs.rank, c.rank), identity=jc.source
             )
-        return dataclasses.replace(rs, comms=comms)
+        ga = rs.gpu_arrival
+        if ga is not None and (ga.bounds or ga.coll_gpu_ns):
+            of = self.comms.of
+            ga = dataclasses.replace(
+                ga,
+                bounds={of.get((rs.rank, c), c): v for c, v in ga.bounds.items()},
+                coll_gpu_ns={of.get((rs.rank, c), c): v for c, v in ga.coll_gpu_ns.items()},
+            )
+        return dataclasses.replace(rs, comms=comms, gpu_arrival=ga)
 
     # ---- what other parts ask ------------------------------------------------------------------------
 

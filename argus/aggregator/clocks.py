@@ -6,10 +6,12 @@ gives a reference that does not depend on any clock: every rank ends step *n* at
 true time (its end-of-step sync returns once the step's last collective completed on every GPU),
 whoever was slow before it. So each host's offset is the median, over recent steps, of its ranks'
 median step end minus the reference host's (the first by name in the first step seen); every stamp of
-its ranks is moved back by it before lateness is judged. What a rank does after the last collective (its share
-of the optimizer) also moves its end: the median over a host's ranks and steps keeps one slow rank
-out of its host's offset, except on a host with one rank (then that rank's post-collective excess
-is taken for clock and its lateness understated, never overstated).
+its ranks is moved back by it before lateness is judged (GPU-arrival bounds and network sends too:
+argus.aggregator.gpuarrival, which widens its margins by `uncertainty`). What a rank does after
+the last collective (its share of the optimizer) also moves its end: the median over a host's
+ranks and steps keeps one slow rank out of its host's offset, except on a host with one rank
+(then that rank's post-collective excess is taken for clock and its lateness understated, never
+overstated).
 
 An offset under `min_ns` (clock sync between hosts is ~1 ms at best) is not applied: it is the
 ranks' own step-end spread. Applied offsets, with their spread, go into the evidence of every alert
@@ -62,6 +64,19 @@ class HostClocks:
             return None
         return o, median([abs(x - o) for x in q])
 
+    def uncertainty(self, host: str) -> float:
+        """How well `host`'s stamps are known on the reference host's clock once corrected (ns): the
+        spread of its offset estimates, plus the offset itself when too small to be applied (it is
+        still in the stamps). The reference host: 0; a host never compared: `min_ns`."""
+        if host == self.ref:
+            return 0.0
+        q = self.diffs.get(host)
+        if not q:
+            return float(self.min_ns)
+        o = median(list(q))
+        spread = median([abs(x - o) for x in q])
+        return spread if abs(o) >= self.min_ns else abs(o) + spread
+
     def applied(self) -> Dict[str, Tuple[float, float]]:
         out = {}
         for h in self.diffs:
@@ -103,6 +118,16 @@ def shift(rs: RankStep, off: int) -> RankStep:
             arrive_ns=[a - off for a in c.arrive_ns],
             p2p=[dataclasses.replace(p, arrive_ns=p.arrive_ns - off) for p in c.p2p],
         )
+    ga = rs.gpu_arrival
+    if ga is not None:  # the GPU-arrival bounds and network send are realtime stamps of the same host
+        ga = dataclasses.replace(
+            ga,
+            bounds={
+                c: [(i, lo - off if lo else 0, hi - off if hi else 0, src) for i, lo, hi, src in v]
+                for c, v in ga.bounds.items()
+            },
+            net_first_ns=ga.net_first_ns - off if ga.net_first_ns else 0,
+        )
     return dataclasses.replace(
-        rs, start_ns=rs.start_ns - off, clock_offset_ns=rs.clock_offset_ns - off, comms=comms
+        rs, start_ns=rs.start_ns - off, clock_offset_ns=rs.clock_offset_ns - off, comms=comms, gpu_arrival=ga
     )

@@ -93,6 +93,28 @@ class Thresholds:
     #: peer's phase grew by this factor more (a noisy phase of the waiting peer flipped the cause)
     cause_keep: float = 1.25
 
+    # ---- which GPU arrived last (argus.aggregator.gpuarrival), for jobs without timers --------------
+    #: NCCL's proxy posts a rank's first network send microseconds after its GPU reached the
+    #: collective and produced data: the send bounds the arrival from above within this slack (a
+    #: busy host's proxy thread lags; 1 ms is far above NCCL's own latency and far below a lateness
+    #: worth naming). Rank r came surely after o when send_r - slack > send_o (+ clock uncertainty)
+    gpu_net_slack_ns: int = 1_000_000
+    #: an event-query bound is a host timestamp beside the query or sync: a rank's lower bound must
+    #: pass every peer's upper bound by this much (plus the clocks' uncertainty across hosts)
+    gpu_bound_margin_ns: int = 200_000
+    #: in-collective GPU times (TORCH_NCCL_ENABLE_TIMING): the rank whose median time in a
+    #: communicator's collectives is below every peer's by max(abs, rel x the group's median) came
+    #: last (everyone finishes together; a collective's own time varies by a few percent)
+    gpu_time_tol_ns: int = 50_000
+    gpu_time_tol_rel: float = 0.05
+    #: ... and a rank is flagged only when its GPU lateness is at least max(abs, share x the median
+    #: step). The lateness seen is at the first inter-host collective (network sends) or a median
+    #: over the step's collectives: a part of what the rank costs the step, which grows by its
+    #: lateness at the *last* collective; hence half of `share_min` (a launch gap of a few ms on a
+    #: healthy rank, real but passing, stays under it)
+    gpu_late_min_ns: int = 2_000_000
+    gpu_late_share: float = 0.04
+
     # ---- host stall -------------------------------------------------------------------------------
     #: the rank's host reached its collectives this late: max(abs, rel x median step)
     stall_min_ns: int = 50_000_000

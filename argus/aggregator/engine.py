@@ -24,6 +24,7 @@ from argus.aggregator.clocks import HostClocks
 from argus.aggregator.commmode import CommModes
 from argus.aggregator.config import PhaseInfo, Thresholds
 from argus.aggregator.explain import Explainer
+from argus.aggregator.gpuarrival import GpuArrivals
 from argus.aggregator.hang import HangWatch
 from argus.aggregator.l1 import L1, L1Finding
 from argus.aggregator.l2 import HOST_PHASES, L2, link_peers, name_culprits
@@ -121,6 +122,7 @@ class JobDiag:
     l1: L1
     l2: L2
     l3: L3
+    gpuarr: GpuArrivals
     hang: HangWatch = field(default_factory=HangWatch)
     align: JobAlign = field(default_factory=JobAlign)
     modes: CommModes = field(default_factory=CommModes)
@@ -212,6 +214,7 @@ class Engine:
                 L1(th),
                 L2(th, self.info),
                 L3(th),
+                GpuArrivals(th),
             )
         return d
 
@@ -338,14 +341,19 @@ class Engine:
                 if q is None:
                     q = d.py[r] = deque(maxlen=PY_WINDOW)
                 q.append(rs.py_phases)
-        ex = Explainer(d.job, d.groups, self.info, d.hosts, d.py, d.align, d.modes)
+        ex = Explainer(d.job, d.groups, self.info, d.hosts, d.py, d.align, d.modes, d.gpuarr)
         findings: List[Finding] = []
 
         # blocking communicators: the host's wait inside their calls is a phase (argus.aggregator.commmode)
         d.modes.observe(ranks, d.groups)
         d.modes.add_wait_phases(ranks, d.groups)
+        # which GPU reached the previous step's collectives last (argus.aggregator.gpuarrival)
+        floor = max(th.gpu_late_min_ns, th.gpu_late_share * base_ns)
+        last_gpu = d.gpuarr.judge(
+            frame.step, ranks, d.groups, d.groups.symmetric(ranks), d.clocks.uncertainty, floor
+        )
         # L2 (and host stalls, which take their ranks out of the straggler count)
-        flags = d.l2.measure(frame.step, ranks, d.groups, base_ns, judge)
+        flags = d.l2.measure(frame.step, ranks, d.groups, base_ns, judge, last_gpu)
         stalls = hoststall.detect(ranks, flags, step_ns, base_ns, th) if judge else []
         d.l2.remember(flags)
         for s in stalls:
@@ -462,7 +470,8 @@ class Engine:
             if explained:
                 self.stats.l1_folded += 1
             elif d.judged >= due:
-                out.append(ex.l1(f))
+                # nothing named: say whether the GPUs' arrivals could have told who held the job up
+                out.append(ex.l1(f, d.gpuarr.unseparated(f.first, f.last)))
             else:
                 keep.append((f, due))
         d.held = keep

@@ -9,6 +9,7 @@ from argus.aggregator.alerts import Finding
 from argus.aggregator.align import POSITIONS, JobAlign
 from argus.aggregator.commmode import WAIT_P2P, CommModes
 from argus.aggregator.config import PhaseInfo
+from argus.aggregator.gpuarrival import GpuArrivals, sources_text
 from argus.aggregator.hang import HangFinding
 from argus.aggregator.l1 import L1Finding
 from argus.aggregator.l2 import L2, Culprit, RankFlag
@@ -57,6 +58,7 @@ class Explainer:
         py: Optional[Mapping[int, Deque[Dict[str, int]]]] = None,
         align: Optional[JobAlign] = None,
         modes: Optional[CommModes] = None,
+        gpu: Optional[GpuArrivals] = None,
     ) -> None:
         self.job = job
         self.groups = groups
@@ -65,6 +67,7 @@ class Explainer:
         self.py = py or {}
         self.align = align
         self.modes = modes
+        self.gpu = gpu
 
     def identity(self, ev: Dict[str, Any], comm: Optional[str], ranks: List[int]) -> None:
         """Where the finding's communicator and step alignment came from, and how sure that is; and
@@ -136,7 +139,9 @@ class Explainer:
         late = [e for e in eps if e.late]
         inst = sum(e.late_n for e in eps)
         last = sum(e.late_last for e in eps)
-        gpu_last = sum(1 for e in eps if any(e.gpu_last.values()))
+        # a step counts once whichever evidence said its GPU came last (timers, or GPU arrival)
+        gpu_last = sum(1 for e in eps if any(e.gpu_last.values()) or e.gpu_arr is not None)
+        arr = [e.gpu_arr for e in eps if e.gpu_arr is not None]
         ev: Dict[str, Any] = {
             "group": grp["comm"],
             "group_size": len(members),
@@ -155,6 +160,27 @@ class Explainer:
             "victims": c.victims,
             "symptoms": sorted(x for x in members if x != r),
         }
+        arr_text = ""
+        if arr:
+            src, by = sources_text(arr)
+            since = min(v.step for v in arr)
+            first = min(first, since)  # the evidence is for the step before the one that carried it
+            _n, judged = self.gpu.tally(r, since) if self.gpu is not None else (len(arr), len(arr))
+            judged = max(judged, len(arr))
+            arr_late = median([v.late_ns for v in arr])
+            ev["gpu_arrival"] = {
+                "source": " + ".join(by),
+                "bound_ms": round(min(v.bound_ns for v in arr) / 1e6, 2),
+                "steps": len(arr),
+                "judged_steps": judged,
+                "late_ms": round(arr_late / 1e6, 2),
+                "by_source": by,
+                "evidence_steps": [since, max(v.step for v in arr)],
+            }
+            arr_text = (
+                f"its GPU reached the collectives last in {len(arr)} of {judged} steps, "
+                f"{_ms(arr_late)} after its peers' on median (evidence: {src})"
+            )
         py = self.py_outliers(r, members or sorted(self.py))
         if py:
             ev["python_phases"] = py
@@ -180,6 +206,8 @@ class Explainer:
                     f"its GPU reached the collectives last in {gpu_last} of {len(eps)} steps "
                     f"(its {self.info.label(p)} is {_x(v[0])} its peers': they waited {_ms(v[1])} for it)"
                 )
+        elif arr_text:  # no communication timer: the GPU-arrival evidence says it
+            parts.append(arr_text)
         if py:
             txt = ", ".join(
                 f"{p} {_x(v['ratio']) + ' ' if v['ratio'] else ''}(+{_ms((v['extra_ms'] or 0.0) * 1e6)}/step)"
@@ -408,8 +436,11 @@ class Explainer:
         s = step if step is not None else -1
         return Finding("hang", ranks, (s, s), summary, ev, h.comm, None)
 
-    def l1(self, f: L1Finding) -> Finding:
-        ev = {
+    def l1(self, f: L1Finding, gpu: Optional[Dict[str, Any]] = None) -> Finding:
+        """`gpu`: what the GPUs' arrivals could tell over the finding's steps
+        (argus.aggregator.gpuarrival.GpuArrivals.unseparated): said, so that a slower job on which no
+        evidence separates the ranks says so instead of seeming to have no culprit."""
+        ev: Dict[str, Any] = {
             "ratio": round(f.ratio, 3),
             "baseline_ms": round(f.baseline_ns / 1e6, 2),
             "level_ms": round(f.level_ns / 1e6, 2),
@@ -424,4 +455,7 @@ class Explainer:
                 f"step time regressed from {_ms(f.baseline_ns)} to {_ms(f.level_ns)} ({_x(f.ratio)}) at step "
                 f"{f.first}; no rank, phase or link explains it"
             )
+        if gpu:
+            ev["gpu_arrival"] = {k: v for k, v in gpu.items() if k != "text"}
+            summary += f"; {gpu['text']}"
         return Finding(f.kind, [], (f.first, f.last), summary, ev)

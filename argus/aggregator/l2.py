@@ -14,13 +14,17 @@ Per judged step, two measurements per rank, both relative to the rank's peers:
   *lowest* value (it waited least), its victims as the majority — so a low outlier in a
   communication phase is GPU-side lateness, and a high one is a symptom and never blamed.
 
-Naming: a rank flagged (late host arrival, a high non-communication phase, or a low communication
-phase) in `persist_k` of its last `persist_n` steps is a straggler. Victims are the majority of the
-group, so they are never outliers. Across a pipeline link the victim *is* an outlier in its own
-group (it waits in Recv inside its forward/backward), so flagged ranks joined by a small
-communicator are judged together: equal extra time in every phase both grew in means the link
-between them; otherwise the one whose phase grew by the larger factor is the cause and the other
-is reported as its pipeline victim.
+Where the group has no communication timer (a stock job records none), a rank whose GPU surely
+reached the previous step's collectives last (argus.aggregator.gpuarrival: its first network send,
+event-query bounds, in-collective GPU times) is flagged for that too (`gpu_arrival`).
+
+Naming: a rank flagged (late host arrival, a high non-communication phase, a low communication
+phase, or its GPU last) in `persist_k` of its last `persist_n` steps is a straggler. Victims are
+the majority of the group, so they are never outliers. Across a pipeline link the victim *is* an
+outlier in its own group (it waits in Recv inside its forward/backward), so flagged ranks joined
+by a small communicator are judged together: equal extra time in every phase both grew in means
+the link between them; otherwise the one whose phase grew by the larger factor is the cause and
+the other is reported as its pipeline victim.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Deque, Dict, FrozenSet, List, Optional, Set, Tuple
 
 from argus.aggregator.commmode import WAIT_COLL, WAIT_P2P, WAIT_PHASES
 from argus.aggregator.config import PhaseInfo, Thresholds
+from argus.aggregator.gpuarrival import GpuLate
 from argus.aggregator.robust import Noise, median, median_sorted
 from argus.aggregator.state import Groups
 from argus.schema import RankStep
@@ -54,6 +59,9 @@ class RankFlag:
     high: Dict[str, Tuple[float, float]] = field(default_factory=dict)  # phase -> (ratio, extra ns)
     low: Dict[str, Tuple[float, float]] = field(default_factory=dict)  # comm phase -> (ratio, ns less)
     gpu_last: Dict[str, bool] = field(default_factory=dict)  # comm phase -> it had the group minimum
+    # its GPU surely reached the previous step's collectives last (argus.aggregator.gpuarrival); set
+    # only in groups without a communication timer, which keep their own judgement
+    gpu_arr: Optional[GpuLate] = None
     dev: Dict[str, Tuple[float, float]] = field(default_factory=dict)  # every phase -> (ratio, v - median)
     host_excess_ns: float = 0.0
     stall: bool = False
@@ -61,17 +69,20 @@ class RankFlag:
 
     @property
     def flagged(self) -> bool:
-        return not self.stall and (self.late or bool(self.high) or bool(self.low))
+        return not self.stall and (self.late or bool(self.high) or bool(self.low) or self.gpu_arr is not None)
 
     def reasons(self) -> FrozenSet[str]:
         out = {f"high:{p}" for p in self.high} | {f"low:{p}" for p in self.low}
         if self.late:
             out.add("late")
+        if self.gpu_arr is not None:
+            out.add(GPU_ARRIVAL)
         return frozenset(out)
 
 
 OUTLIER_K = 4.0
 LOW_WAIT = f"low:{WAIT_COLL}"
+GPU_ARRIVAL = "gpu_arrival"  # a flag reason: its GPU surely reached the collectives last
 
 
 def own_host(rs: RankStep) -> int:
@@ -194,9 +205,16 @@ class L2:
         return n
 
     def measure(
-        self, step: int, ranks: Dict[int, RankStep], groups: Groups, step_ns: float, judge: bool
+        self,
+        step: int,
+        ranks: Dict[int, RankStep],
+        groups: Groups,
+        step_ns: float,
+        judge: bool,
+        gpu: Optional[Dict[int, GpuLate]] = None,
     ) -> Dict[int, RankFlag]:
-        """Flags of every rank in this step (noise histories learn from unflagged ranks)."""
+        """Flags of every rank in this step (noise histories learn from unflagged ranks); `gpu`: the
+        ranks whose GPU surely reached the previous step's collectives last."""
         th = self.th
         sym = groups.symmetric(ranks)
         self.members = sym
@@ -223,7 +241,7 @@ class L2:
             ln.add(teaching(healthy, floor))
             if len(members) < th.min_group:
                 continue
-            self._phases(key, members, ranks, flags, judge, th.share_min * step_ns)
+            self._phases(key, members, ranks, flags, judge, th.share_min * step_ns, gpu or {})
         return flags
 
     def _phases(
@@ -234,6 +252,7 @@ class L2:
         flags: Dict[int, RankFlag],
         judge: bool,
         share_ns: float,
+        gpu: Dict[int, GpuLate],
     ) -> None:
         th = self.th
         rsl = [ranks[r] for r in members]
@@ -241,6 +260,11 @@ class L2:
         roles = self.roles.get(key)
         if roles is None or set(roles) != set(names):
             roles = self.roles[key] = phase_roles(rsl, names, self.info)
+        # GPU arrival where no communication timer says it (a timer's judgement stands: not twice)
+        if judge and gpu and not any(r == "comm" and not p.startswith("wait:") for p, r in roles.items()):
+            for r in members:
+                if r in gpu:
+                    flags[r].gpu_arr = gpu[r]
         for p in names:
             vals = [(rs.phases[p], rs.rank) for rs in rsl if p in rs.phases]
             if len(vals) < th.min_group:
@@ -275,9 +299,11 @@ class L2:
         for rs, v in zip(rsl, ho):
             f = flags[rs.rank]
             f.host_excess_ns = v - mho
-            gpu = [x[1] for x in f.high.values()] + [x[1] for p, x in f.low.items() if p not in WAIT_PHASES]
-            if gpu:  # (host waits in blocking calls are host time: they tell nothing here)
-                f.host_share = f.host_excess_ns / max(gpu)
+            dev = [x[1] for x in f.high.values()] + [x[1] for p, x in f.low.items() if p not in WAIT_PHASES]
+            if f.gpu_arr is not None:
+                dev.append(f.gpu_arr.late_ns)
+            if dev:  # (host waits in blocking calls are host time: they tell nothing here)
+                f.host_share = f.host_excess_ns / max(dev)
 
     def _biased(self, rank: int, phase: str, d: float, floor: float) -> bool:
         """The rank stood off the group's median in this phase to the same side, beyond the floor, in
@@ -446,7 +472,10 @@ def name_culprits(
         strength = {x: _strength(l2, x, 2) for x in ordered}
         if all(v == 1.0 for v in strength.values()):  # no phase stood out twice: take what there is
             strength = {x: _strength(l2, x, 1) for x in ordered}
-        if all(v == 1.0 for v in strength.values()) and all(_has_waits(l2, x) for x in ordered):
+        if all(v == 1.0 for v in strength.values()) and any(_gpu_last(l2, x) for x in ordered):
+            # no timers: the one whose GPU surely reached the collectives last most often
+            strength = {x: 1.0 + _gpu_last(l2, x) for x in ordered}
+        elif all(v == 1.0 for v in strength.values()) and all(_has_waits(l2, x) for x in ordered):
             # blocking links, no GPU phases: the one the others waited for waited least itself
             strength = {x: -l2.extra(x, WAIT_P2P)[1] for x in ordered}
         cause = max(ordered, key=lambda x: (strength[x], -x))
@@ -476,7 +505,7 @@ def _others_waited(l2: L2, rank: int) -> bool:
     group = eps[-1].group if eps else None
     if group is None or "comm" not in l2.roles.get(group, {}).values():
         return True
-    waited = sum(1 for f in eps if f.late or f.low or any(f.gpu_last.values()))
+    waited = sum(1 for f in eps if f.late or f.low or any(f.gpu_last.values()) or f.gpu_arr is not None)
     return 2 * waited >= len(eps)
 
 
@@ -510,6 +539,11 @@ def _component(r: int, cands: Set[int], groups: Groups) -> Set[int]:
                 comp.add(y)
                 todo.append(y)
     return comp
+
+
+def _gpu_last(l2: L2, rank: int) -> int:
+    """Steps among its last `persist_n` in which its GPU surely reached the collectives last."""
+    return sum(1 for f in l2.episode(rank, l2.th.persist_n) if f.gpu_arr is not None)
 
 
 def _has_waits(l2: L2, rank: int) -> bool:

@@ -109,6 +109,7 @@ def report_data(
                 "warmup": engine.th.warmup_steps if d.align.absolute else engine.th.attach_warmup_steps,
                 "alignment": d.align.summary(),
                 "clocks": d.clocks.evidence(),
+                "gpu_arrival": d.gpuarr.summary(),
                 "gaps": [list(g) for g in d.gaps] + [[r, s, None] for r, s in sorted(d.absent.items())],
                 "median_step_ms": round(d.l1.median_step() / 1e6, 2),
                 "alerts": [a.to_json() for a in alerts],
@@ -175,6 +176,15 @@ def report_text(data: Dict[str, Any], steps: Optional[Tuple[int, int]] = None) -
                 )
         if j.get("clocks"):
             lines.append(f"clocks: {_clocks_text(j['clocks'])}; taken out of arrival times")
+        ga = j.get("gpu_arrival") or {}
+        if ga and not ga.get("timers"):  # no timers: who reached the collectives last, and from what
+            if ga.get("cannot_tell"):
+                lines.append("which GPU arrives last cannot be told: " + ", ".join(ga["cannot_tell"]))
+            elif ga.get("separating"):
+                told = ", ".join(
+                    f"{k} ({n} of {ga['steps']} recent steps)" for k, n in ga["separating"].items()
+                )
+                lines.append(f"which GPU arrives last (no timers; judged one step behind): from {told}")
         for r, a, b in j.get("gaps", []):
             span = f"job steps {a}–{b}, then resumed" if b is not None else f"any job step since {a}"
             lines.append(f"  gap: rank {r} sent no summary for {span} (lost, or its agent restarted)")
