@@ -3,7 +3,13 @@
 The key hashes the C sources, the flags and the compiler (path and `--version`), so editing a
 source or switching compilers rebuilds, and every other build reuses the cached pair. A file lock
 makes parallel builds (pytest-xdist workers, several jobs) safe: one compiles, the others wait
-and reuse its output. Usage: python -m tests.standins.build  (prints the directory).
+and reuse its output. Usage: python -m tests.standins.build [--variant async] [--force]  (prints
+the directory).
+
+Two variants, built from their own sources into their own directories: "blocking" (cuda.c,
+nccl.c: blocking collectives, no events; <cache>/<key>) and "async" (cuda_async.c, nccl_async.c:
+collectives enqueued on streams, CUDA events, a network proxy calling ncclIbIsend;
+<cache>/async-<key>). Both are built with the same flags.
 """
 
 from __future__ import annotations
@@ -21,6 +27,11 @@ from typing import Dict, List, Optional
 CSRC = Path(__file__).resolve().parent / "csrc"
 # output name -> source: the names the tracer matches in /proc/PID/maps, and their sonames
 LIBS: Dict[str, str] = {"libcuda.so.1": "cuda.c", "libnccl.so.2": "nccl.c"}
+VARIANT_LIBS: Dict[str, Dict[str, str]] = {
+    "blocking": LIBS,
+    "async": {"libcuda.so.1": "cuda_async.c", "libnccl.so.2": "nccl_async.c"},
+}
+VARIANTS = tuple(VARIANT_LIBS)
 # Stripped (-s: no .symtab, as vendors ship), frame pointers omitted, only the API exported.
 CFLAGS: List[str] = [
     "-O2",
@@ -54,19 +65,31 @@ def cache_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "argus" / "standins"
 
 
-def build_key(cc: Optional[str] = None) -> str:
+def _libs(variant: str) -> Dict[str, str]:
+    if variant not in VARIANT_LIBS:
+        raise ValueError(f"unknown stand-in variant {variant!r} (expected one of {', '.join(VARIANTS)})")
+    return VARIANT_LIBS[variant]
+
+
+def build_key(cc: Optional[str] = None, variant: str = "blocking") -> str:
+    """The cache directory's name: a hash of the sources, flags and compiler (for "async",
+    prefixed "async-" and the variant hashed in)."""
+    libs = _libs(variant)
     cc = cc or compiler()
     h = hashlib.sha256()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     for part in (os.path.realpath(cc), version, " ".join(CFLAGS), repr(sorted(LDLIBS.items()))):
         h.update(part.encode() + b"\0")
-    for name, src in sorted(LIBS.items()):
+    if variant != "blocking":  # the blocking family keeps the key it always had
+        h.update(f"variant={variant}".encode() + b"\0")
+    for name, src in sorted(libs.items()):
         h.update(name.encode() + b"\0" + (CSRC / src).read_bytes() + b"\0")
-    return h.hexdigest()[:16]
+    key = h.hexdigest()[:16]
+    return key if variant == "blocking" else f"{variant}-{key}"
 
 
-def _compile(cc: str, out_dir: Path) -> None:
-    for name, src in LIBS.items():
+def _compile(cc: str, out_dir: Path, libs: Dict[str, str]) -> None:
+    for name, src in libs.items():
         cmd = [cc, *CFLAGS, f"-Wl,-soname,{name}", "-o", str(out_dir / name), str(CSRC / src), *LDLIBS[name]]
         r = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if r.returncode != 0:
@@ -75,12 +98,13 @@ def _compile(cc: str, out_dir: Path) -> None:
             print(r.stderr, file=sys.stderr)
 
 
-def build(force: bool = False) -> Path:
-    """The directory holding libcuda.so.1 and libnccl.so.2 for the current sources."""
+def build(force: bool = False, variant: str = "blocking") -> Path:
+    """The directory holding libcuda.so.1 and libnccl.so.2 of `variant` for the current sources."""
+    libs = _libs(variant)
     cc = compiler()
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    key = build_key(cc)
+    key = build_key(cc, variant)
     final = root / key
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -88,7 +112,7 @@ def build(force: bool = False) -> Path:
             return final
         tmp = Path(tempfile.mkdtemp(prefix=f"{key}.tmp-", dir=root))
         try:
-            _compile(cc, tmp)
+            _compile(cc, tmp, libs)
             (tmp / STAMP).write_text(f"{cc}\n")
             if final.exists():
                 shutil.rmtree(final)
@@ -100,4 +124,10 @@ def build(force: bool = False) -> Path:
 
 
 if __name__ == "__main__":
-    print(build(force="--force" in sys.argv[1:]))
+    import argparse
+
+    p = argparse.ArgumentParser(description="build the stand-in libraries; prints their directory")
+    p.add_argument("--variant", choices=VARIANTS, default="blocking")
+    p.add_argument("--force", action="store_true", help="rebuild even if the cache has them")
+    a = p.parse_args()
+    print(build(force=a.force, variant=a.variant))

@@ -4,6 +4,13 @@
     truth = job.wait(timeout=60)      # or: gate=True, wait_loaded(), attach a tracer, release()
     truth["step_times"][1]            # [(step, start_monotonic_ns, end_monotonic_ns), ...]
 
+The async variant (cuda_async.c / nccl_async.c / train_async.py: collectives enqueued on streams,
+CUDA events, a DDP-like rank loop, two simulated hosts):
+
+    job = StandinJob(StandinConfig(variant="async", ranks=8, steps=20, nccl_timing=True)).start()
+    truth = job.wait(timeout=60)
+    truth["hosts"][5], truth["collectives"][3][0]["gpu_arrive_ns"]
+
 Every rank is its own session (start_new_session), so stop() can kill each whole process
 group; an atexit hook stops every job still running, so no rank outlives a test.
 """
@@ -23,10 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Dict, List, Optional, Set, Tuple
 
-from tests.standins.build import build
+from tests.standins.build import VARIANTS, build
 from tests.standins.train import LAYOUTS, Fault, SpecError, parse_fault
 
 TRAIN_PY = Path(__file__).resolve().parent / "train.py"
+TRAIN_ASYNC_PY = Path(__file__).resolve().parent / "train_async.py"
 SHM_DIR = Path("/dev/shm")
 ID_MAGIC = b"STANDIN-NCCL-ID1"
 
@@ -54,8 +62,17 @@ class StandinConfig:
     hang_hold_s: float = 10.0  # wait() keeps a hung job this long after the hang line, then kills it
     # CUDA_LAUNCH_BLOCKING=1: launches wait for their kernel, so a slow GPU makes its host late at
     # the (blocking) collectives; 0: the GPU's lateness stays inside the collective, invisible to
-    # the host without GPU-side signals (the job records no CUDA events)
-    launch_blocking: bool = True
+    # the host without GPU-side signals (the blocking family records no CUDA events).
+    # None: 1 for the blocking variant, 0 for the async one (stock PyTorch sets nothing)
+    launch_blocking: Optional[bool] = None
+    # "blocking" (csrc/cuda.c, nccl.c, train.py) or "async" (csrc/cuda_async.c, nccl_async.c,
+    # train_async.py: DDP-like, collectives enqueued on an NCCL stream, CUDA events, layout dp only)
+    variant: str = "blocking"
+    # ranks h*k .. h*k+k-1 on simulated host "standin-host<h>" (ARGUS_HOST, LOCAL_RANK,
+    # LOCAL_WORLD_SIZE, GROUP_RANK set as torchrun sets them per node). None: for "async" two
+    # hosts (ceil(ranks/2) ranks each), for "blocking" nothing set (as before)
+    ranks_per_host: Optional[int] = None
+    nccl_timing: bool = False  # TORCH_NCCL_ENABLE_TIMING=1 (async: start events, elapsed times)
 
 
 @dataclass
@@ -68,6 +85,7 @@ class _RankState:
     meta: Optional[Dict[str, Any]] = None
     steps: List[Dict[str, Any]] = field(default_factory=list)
     hang: Optional[Dict[str, Any]] = None
+    works: List[Dict[str, Any]] = field(default_factory=list)
     error: Optional[Dict[str, Any]] = None
     done: Optional[Dict[str, Any]] = None
     returncode: Optional[int] = None
@@ -83,6 +101,12 @@ class StandinJob:
             raise ValueError(f"pp-dp pairs ranks (2i, 2i+1): ranks must be even, not {cfg.ranks}")
         if cfg.steps < 1:
             raise ValueError(f"steps must be >= 1, not {cfg.steps}")
+        if cfg.variant not in VARIANTS:
+            raise ValueError(f"unknown variant {cfg.variant!r} (expected one of {', '.join(VARIANTS)})")
+        if cfg.variant == "async" and cfg.layout != "dp":
+            raise ValueError(f"the async variant runs layout dp only, not {cfg.layout!r}")
+        if cfg.ranks_per_host is not None and cfg.ranks_per_host < 1:
+            raise ValueError(f"ranks_per_host must be >= 1, not {cfg.ranks_per_host}")
         self.cfg = cfg
         # parse here so a bad spec fails in the caller, with the spec in the message
         self.faults: List[Fault] = [parse_fault(s, cfg.ranks, cfg.steps, cfg.layout) for s in cfg.injects]
@@ -101,12 +125,15 @@ class StandinJob:
     def start(self) -> StandinJob:
         if self._ranks:
             raise RuntimeError("job already started")
-        self.libdir = build()
+        self.libdir = build(variant=self.cfg.variant)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for pattern in ("rank*.jsonl", "rank*.log", "comm-*.uid", "comm-*.tmp*", "release"):
             for p in self.run_dir.glob(pattern):  # a reused run dir must not feed old ids or truth
                 p.unlink()
         base = dict(os.environ)
+        blocking = self.cfg.launch_blocking
+        if blocking is None:
+            blocking = self.cfg.variant == "blocking"
         base.update(
             WORLD_SIZE=str(self.cfg.ranks),
             LOCAL_WORLD_SIZE=str(self.cfg.ranks),
@@ -114,15 +141,26 @@ class StandinJob:
             TORCHELASTIC_RUN_ID=self.job_id,
             STANDIN_LIBDIR=str(self.libdir),
             PYTHONUNBUFFERED="1",
-            CUDA_LAUNCH_BLOCKING="1" if self.cfg.launch_blocking else "0",
+            CUDA_LAUNCH_BLOCKING="1" if blocking else "0",
         )
-        cmd = [sys.executable, str(TRAIN_PY), "--layout", self.cfg.layout, "--steps", str(self.cfg.steps)]
+        if self.cfg.nccl_timing:
+            base["TORCH_NCCL_ENABLE_TIMING"] = "1"
+        script = TRAIN_ASYNC_PY if self.cfg.variant == "async" else TRAIN_PY
+        cmd = [sys.executable, str(script), "--layout", self.cfg.layout, "--steps", str(self.cfg.steps)]
         cmd += [a for s in self.cfg.injects for a in ("--inject", s)]
         if self.cfg.gate:
             cmd.append("--gate")
         _LIVE.add(self)
+        per_host, hosts = self.per_host, self.hosts
         for r in range(self.cfg.ranks):
             env = dict(base, RANK=str(r), LOCAL_RANK=str(r))
+            if per_host:
+                env.update(
+                    ARGUS_HOST=hosts[r],
+                    LOCAL_RANK=str(r % per_host),
+                    LOCAL_WORLD_SIZE=str(per_host),
+                    GROUP_RANK=str(r // per_host),
+                )
             log = open(self.run_dir / f"rank{r}.log", "wb")
             proc = subprocess.Popen(
                 cmd,
@@ -201,6 +239,21 @@ class StandinJob:
     # ------------------------------------------------------------------------ state
 
     @property
+    def per_host(self) -> Optional[int]:
+        """Ranks per simulated host (None: no hosts simulated, ARGUS_HOST left as it is)."""
+        if self.cfg.ranks_per_host is not None:
+            return self.cfg.ranks_per_host
+        if self.cfg.variant == "async":
+            return max(1, (self.cfg.ranks + 1) // 2)
+        return None
+
+    @property
+    def hosts(self) -> Dict[int, str]:
+        """rank -> its ARGUS_HOST ({} when no hosts are simulated)."""
+        k = self.per_host
+        return {r: f"standin-host{r // k}" for r in range(self.cfg.ranks)} if k else {}
+
+    @property
     def pids(self) -> Dict[int, int]:
         return {r: s.proc.pid for r, s in self._ranks.items()}
 
@@ -258,6 +311,8 @@ class StandinJob:
             faults.append(d)
         return {
             "job": self.job_id,
+            "variant": self.cfg.variant,
+            "hosts": self.hosts,
             "layout": self.cfg.layout,
             "world": self.cfg.ranks,
             "steps": self.cfg.steps,
@@ -273,6 +328,12 @@ class StandinJob:
                 r: [(x["step"], x["start_wall_ns"], x["end_wall_ns"]) for x in s.steps]
                 for r, s in self._ranks.items()
             },
+            # async variant: per rank, every all-reduce with its step and times (see train_async.py)
+            "collectives": {
+                r: [dict(c, step=x["step"]) for x in s.steps for c in x.get("colls", [])]
+                for r, s in self._ranks.items()
+            },
+            "works": {r: list(s.works) for r, s in self._ranks.items()},
             "done": sorted(r for r, s in self._ranks.items() if s.done is not None),
             "cpu_s": {r: s.done["cpu_s"] for r, s in self._ranks.items() if s.done},
             "errors": {r: s.error for r, s in self._ranks.items() if s.error},
@@ -311,6 +372,8 @@ class StandinJob:
             s.hang = d
             if self._hang_seen is None:
                 self._hang_seen = time.monotonic()
+        elif kind == "work":
+            s.works.append(d)
         elif kind == "error":
             s.error = d
         elif kind == "done":

@@ -1,0 +1,431 @@
+"""One rank of the asynchronous variant (cuda_async.c / nccl_async.c): a stand-in for stock PyTorch
+DDP over ProcessGroupNCCL, written from PyTorch's public docs and ProcessGroupNCCL's behaviour as
+documented (TORCH_NCCL_* variables), not from any tracer or simulator.
+
+Layout `dp` only. What the GPU-facing calls look like, per step:
+
+  data        8 ms host sleep, HtoD copy of the batch on the compute stream
+  forward     kernels on the compute stream, which is the legacy default stream (NULL), as in
+              PyTorch unless a script picks another stream
+  backward    kernels; each time a gradient bucket is ready (DDP's reducer), ProcessGroupNCCL's
+              allreduce does:
+                cuEventRecord(pre, compute)             pre: one event per communicator, reused
+                cuStreamWaitEvent(nccl_stream, pre, 0)  (syncStream)
+                [TORCH_NCCL_ENABLE_TIMING=1: cuEventRecord(start, nccl_stream)]
+                ncclAllReduce(..., nccl_stream)         enqueues and returns at once
+                cuEventRecord(end, nccl_stream)
+              and hands the work to the watchdog
+  wait        work.wait() of the last bucket: cuStreamWaitEvent(compute, end, 0)
+  optimizer   kernels, then loss.item(): a 4-byte DtoH copy + cuStreamSynchronize(compute)
+
+No framework timers. A watchdog thread wakes every 100 ms and, per pending work, calls
+ncclCommGetAsyncError, cuEventQuery(start) (with timing) and cuEventQuery(end); once end is done it
+computes cuEventElapsedTime(start, end) (with timing) and retires the work, returning its events to
+a cache (events are created on first use and reused, as PyTorch's event cache does). An async NCCL
+error tears the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING=3, the default).
+
+Truth (rank<R>.jsonl), as train.py writes it, plus in each `step` line `colls`: per all-reduce the
+host's time around ncclAllReduce and what the library saw (CLOCK_REALTIME ns): gpu_arrive_ns (this
+rank's NCCL stream worker reached it), gpu_start_ns (every member's had), gpu_end_ns,
+first_isend_ns (the proxy's first ncclIbIsend for it; None within one host) and isend_calls; and
+one `work` line per work the watchdog retired (queries, not_ready, elapsed_ms).
+
+  STANDIN_LIBDIR=$(python -m tests.standins.build --variant async) RANK=0 WORLD_SIZE=1 \
+      python train_async.py --steps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Dict, List, Optional, Tuple
+
+try:
+    from tests.standins import train as base
+except ImportError:  # run by path (job.py does): this file's directory is on sys.path
+    import train as base  # type: ignore[no-redef]
+
+CUDA_ERROR_NOT_READY = 600
+CU_EVENT_DEFAULT, CU_EVENT_DISABLE_TIMING = 0x0, 0x2
+CU_STREAM_NON_BLOCKING = 0x1
+WATCHDOG_S = 0.1  # ProcessGroupNCCL's watchdog poll interval
+
+
+class CollTimes(ctypes.Structure):
+    """struct standin_coll_times (nccl_async.c)."""
+
+    _fields_ = [
+        ("seq", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("enqueue_ns", ctypes.c_uint64),
+        ("arrive_ns", ctypes.c_uint64),
+        ("start_ns", ctypes.c_uint64),
+        ("end_ns", ctypes.c_uint64),
+        ("first_isend_ns", ctypes.c_uint64),
+        ("isend_calls", ctypes.c_uint32),
+        ("state", ctypes.c_int32),
+    ]
+
+
+def declare_async(cuda: ctypes.CDLL, nccl: ctypes.CDLL) -> None:
+    """Argument types of what the variant adds to the libraries."""
+    vp, u, i = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int
+    cuda.cuEventCreate.argtypes = [ctypes.POINTER(vp), u]
+    cuda.cuEventRecord.argtypes = [vp, vp]
+    cuda.cuEventQuery.argtypes = [vp]
+    cuda.cuEventSynchronize.argtypes = [vp]
+    cuda.cuEventElapsedTime.argtypes = [ctypes.POINTER(ctypes.c_float), vp, vp]
+    cuda.cuEventDestroy_v2.argtypes = [vp]
+    cuda.cuStreamWaitEvent.argtypes = [vp, vp, u]
+    cuda.cuStreamCreateWithPriority.argtypes = [ctypes.POINTER(vp), u, i]
+    cuda.cuCtxGetStreamPriorityRange.argtypes = [ctypes.POINTER(i), ctypes.POINTER(i)]
+    cuda.cuCtxSetCurrent.argtypes = [vp]
+    nccl.ncclCommGetAsyncError.argtypes = [vp, ctypes.POINTER(i)]
+    nccl.standinCollTimes.argtypes = [vp, ctypes.c_uint64, ctypes.POINTER(CollTimes)]
+
+
+@dataclass
+class Work:
+    """One ProcessGroupNCCL work: a collective and its events."""
+
+    step: int
+    bucket: int
+    comm: base.Comm
+    seq: int
+    start: Optional[ctypes.c_void_p]
+    end: ctypes.c_void_p
+    queries: int = 0
+    not_ready: int = 0
+
+
+class AsyncRank(base.Rank):
+    def __init__(self, args: argparse.Namespace, truth: IO[str]) -> None:
+        self._wlock = threading.Lock()  # the main thread and the watchdog both write truth lines
+        super().__init__(args, truth)
+        if self.layout != "dp":
+            raise SystemExit("the async variant runs layout dp only")
+        declare_async(self.cuda, self.nccl)
+        self.timing = os.environ.get("TORCH_NCCL_ENABLE_TIMING", "0") not in ("", "0")
+        self.high_priority = os.environ.get("TORCH_NCCL_HIGH_PRIORITY", "0") not in ("", "0")
+        self.host = os.environ.get("ARGUS_HOST", "")
+        self.works_lock = threading.Lock()
+        self.pending: List[Work] = []
+        self.event_cache: Dict[int, List[ctypes.c_void_p]] = {}  # flags -> free events
+        self.all_events: List[ctypes.c_void_p] = []
+        self.sync_events: Dict[str, ctypes.c_void_p] = {}  # ncclEvents_: one per communicator
+        self.coll_seq: Dict[str, int] = {}
+        self.step_colls: List[Dict[str, Any]] = []
+        self.stop_watchdog = threading.Event()
+
+    def write(self, **fields: Any) -> None:
+        with self._wlock:
+            super().write(**fields)
+
+    # -------------------------------------------------------------------- setup
+
+    def setup_cuda(self) -> None:
+        self.cu("cuInit", 0)
+        n = ctypes.c_int()
+        self.cu("cuDeviceGetCount", ctypes.byref(n))
+        dev = ctypes.c_int()
+        self.cu("cuDeviceGet", ctypes.byref(dev), self.local_rank % n.value)
+        self.ctx = ctypes.c_void_p()
+        self.cu("cuCtxCreate_v2", ctypes.byref(self.ctx), 0, dev)
+        self.cu("cuCtxSetCurrent", self.ctx)
+        self.stream = ctypes.c_void_p(None)  # compute: the legacy default stream
+        least, greatest = ctypes.c_int(), ctypes.c_int()
+        self.cu("cuCtxGetStreamPriorityRange", ctypes.byref(least), ctypes.byref(greatest))
+        self.nccl_stream = ctypes.c_void_p()  # getStreamFromPool(isHighPriority)
+        prio = greatest.value if self.high_priority else least.value
+        self.cu("cuStreamCreateWithPriority", ctypes.byref(self.nccl_stream), CU_STREAM_NON_BLOCKING, prio)
+        image = "standin-module v1\n" + "".join(f"kernel {k} {ns}\n" for k, ns in base.KERNELS)
+        module = ctypes.c_void_p()
+        self.cu("cuModuleLoadData", ctypes.byref(module), image.encode())
+        for name, _ in base.KERNELS:
+            f = ctypes.c_void_p()
+            self.cu("cuModuleGetFunction", ctypes.byref(f), module, name.encode())
+            self.funcs[name] = f
+        self.batch_host = ctypes.create_string_buffer(base.BATCH_BYTES)
+        self.loss_host = ctypes.c_float()
+        self.batch_dev = self.alloc(base.BATCH_BYTES)
+        self.loss_dev = self.alloc(4)
+        self.grads = [self.alloc(base.BUCKET_ELEMS * 4) for _ in range(base.DP_BUCKETS)]
+        self.acts = []
+
+    # -------------------------------------------------------------------- events
+
+    def take_event(self, flags: int) -> ctypes.c_void_p:
+        """From the cache, else a new one (created on first use, as CUDAEvent does)."""
+        with self.works_lock:
+            free = self.event_cache.setdefault(flags, [])
+            if free:
+                return free.pop()
+        ev = ctypes.c_void_p()
+        self.cu("cuEventCreate", ctypes.byref(ev), flags)
+        self.all_events.append(ev)
+        return ev
+
+    def sync_event(self, comm: base.Comm) -> ctypes.c_void_p:
+        ev = self.sync_events.get(comm.name)
+        if ev is None:
+            ev = ctypes.c_void_p()
+            self.cu("cuEventCreate", ctypes.byref(ev), CU_EVENT_DISABLE_TIMING)
+            self.sync_events[comm.name] = ev
+        return ev
+
+    # -------------------------------------------------------------------- work
+
+    def allreduce_async(self, comm: base.Comm, buf: int, bucket: int) -> ctypes.c_void_p:
+        """ProcessGroupNCCL::allreduce as the GPU-facing calls go; returns the work's end event."""
+        if bucket == 0:
+            self.maybe_hang()
+        pre = self.sync_event(comm)
+        self.cu("cuEventRecord", pre, self.stream)
+        self.cu("cuStreamWaitEvent", self.nccl_stream, pre, 0)
+        start = None
+        if self.timing:
+            start = self.take_event(CU_EVENT_DEFAULT)
+            self.cu("cuEventRecord", start, self.nccl_stream)
+        t0 = time.time_ns()
+        self.nc(
+            "ncclAllReduce",
+            buf,
+            buf,
+            base.BUCKET_ELEMS,
+            base.NCCL_FLOAT32,
+            base.NCCL_SUM,
+            comm.handle,
+            self.nccl_stream,
+        )
+        t1 = time.time_ns()
+        end = self.take_event(CU_EVENT_DEFAULT if self.timing else CU_EVENT_DISABLE_TIMING)
+        self.cu("cuEventRecord", end, self.nccl_stream)
+        seq = self.coll_seq[comm.name] = self.coll_seq.get(comm.name, 0) + 1
+        with self.works_lock:
+            self.pending.append(Work(self.step, bucket, comm, seq, start, end))
+        self.step_colls.append(
+            {"comm": comm.name, "seq": seq, "bucket": bucket, "host_enter_ns": t0, "host_exit_ns": t1}
+        )
+        return end
+
+    def dp_step(self) -> None:
+        comm = self.comms["dp"]
+        self.data()
+        self.maybe_stall()
+        self.launch("embedding_fwd_kernel", 128)
+        for _ in range(base.LAYERS):
+            self.layer_fwd()
+        self.launch("cross_entropy_fwd_kernel", 64)
+        self.launch("cross_entropy_bwd_kernel", 64)
+        per_bucket = base.LAYERS // base.DP_BUCKETS
+        last_end: Optional[ctypes.c_void_p] = None
+        for i in range(base.LAYERS):
+            self.layer_bwd()
+            if (i + 1) % per_bucket == 0:
+                last_end = self.allreduce_async(comm, self.grads[i // per_bucket], i // per_bucket)
+        assert last_end is not None
+        self.cu("cuStreamWaitEvent", self.stream, last_end, 0)  # work.wait()
+        self.optimizer_and_loss()
+
+    def coll_truth(self) -> List[Dict[str, Any]]:
+        """This step's collectives with the library's times (all done: the step synced on them)."""
+        out = []
+        for c in self.step_colls:
+            t = CollTimes()
+            rc = self.nccl.standinCollTimes(self.comms[c["comm"]].handle, c["seq"], ctypes.byref(t))
+            d = dict(c)
+            if rc == 0:
+                d.update(
+                    bytes=t.bytes,
+                    gpu_arrive_ns=t.arrive_ns or None,
+                    gpu_start_ns=t.start_ns or None,
+                    gpu_end_ns=t.end_ns or None,
+                    first_isend_ns=t.first_isend_ns or None,
+                    isend_calls=t.isend_calls,
+                    state=("enqueued", "running", "done", "failed")[t.state],
+                )
+            out.append(d)
+        self.step_colls = []
+        return out
+
+    # -------------------------------------------------------------------- watchdog
+
+    def watchdog(self) -> None:
+        try:
+            self.cu("cuCtxSetCurrent", self.ctx)
+            while not self.stop_watchdog.wait(WATCHDOG_S):
+                self.watch_once()
+        except (base.CudaError, base.NcclError) as e:
+            self.fail(e.call, e.code, str(e))
+
+    def watch_once(self) -> None:
+        with self.works_lock:
+            works = list(self.pending)
+        retired: List[Tuple[Work, Optional[float]]] = []
+        for w in works:
+            err = ctypes.c_int()
+            self.nc("ncclCommGetAsyncError", w.comm.handle, ctypes.byref(err))
+            if err.value != 0:
+                text = self.nccl.ncclGetErrorString(err.value).decode()
+                self.fail("ncclCommGetAsyncError", err.value, f"NCCL async error {err.value} ({text})")
+            if w.start is not None:
+                self.cuda.cuEventQuery(w.start)  # isStarted()
+            rc = self.cuda.cuEventQuery(w.end)
+            w.queries += 1
+            if rc == CUDA_ERROR_NOT_READY:
+                w.not_ready += 1
+                continue
+            if rc != 0:
+                raise base.CudaError("cuEventQuery", rc, "?")
+            elapsed = None
+            if w.start is not None:
+                ms = ctypes.c_float()
+                self.cu("cuEventElapsedTime", ctypes.byref(ms), w.start, w.end)
+                elapsed = round(ms.value, 4)
+            retired.append((w, elapsed))
+        if not retired:
+            return
+        with self.works_lock:
+            for w, _ in retired:
+                self.pending.remove(w)
+                for ev, flags in ((w.start, CU_EVENT_DEFAULT), (w.end, self.end_flags)):
+                    if ev is not None:
+                        self.event_cache.setdefault(flags, []).append(ev)
+        for w, elapsed in retired:
+            self.write(
+                kind="work",
+                step=w.step,
+                comm=w.comm.name,
+                seq=w.seq,
+                bucket=w.bucket,
+                queries=w.queries,
+                not_ready=w.not_ready,
+                elapsed_ms=elapsed,
+                retired_mono_ns=time.monotonic_ns(),
+            )
+
+    @property
+    def end_flags(self) -> int:
+        return CU_EVENT_DEFAULT if self.timing else CU_EVENT_DISABLE_TIMING
+
+    def fail(self, call: str, code: int, message: str) -> None:
+        """Tear the process down, as TORCH_NCCL_ASYNC_ERROR_HANDLING=3 does."""
+        print(f"rank {self.rank}: watchdog: {message}", file=sys.stderr)
+        self.write(
+            kind="error",
+            step=self.step,
+            call=call,
+            code=code,
+            message=message,
+            mono_ns=time.monotonic_ns(),
+            wall_ns=time.time_ns(),
+        )
+        os._exit(3)
+
+    # -------------------------------------------------------------------- main
+
+    def run(self, gated: bool) -> None:
+        if gated:
+            self.gate()
+        self.setup_cuda()
+        self.setup_comms()
+        self.write(
+            kind="meta",
+            pid=os.getpid(),
+            rank=self.rank,
+            world=self.world,
+            local_rank=self.local_rank,
+            layout=self.layout,
+            job=self.job,
+            steps=self.steps,
+            variant="async",
+            host=self.host,
+            nccl_timing=self.timing,
+            comms=[
+                {"name": c.name, "nranks": len(c.members), "rank": c.rank, "members": list(c.members)}
+                for c in self.comms.values()
+            ],
+            faults=[f.to_json() for f in self.faults],
+        )
+        dog = threading.Thread(target=self.watchdog, name="pg-nccl-watchdog", daemon=True)
+        dog.start()
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        for step in range(self.steps):
+            self.step = step
+            self.apply_onsets(step)
+            t0, w0 = time.monotonic_ns(), time.time_ns()
+            self.dp_step()
+            t1, w1 = time.monotonic_ns(), time.time_ns()
+            self.write(
+                kind="step",
+                step=step,
+                start_mono_ns=t0,
+                end_mono_ns=t1,
+                start_wall_ns=w0,
+                end_wall_ns=w1,
+                faults=[f.kind for f in self.faults if f.active(step)],
+                colls=self.coll_truth(),
+            )
+        deadline = time.monotonic() + 1.0  # let the watchdog retire the last step's works
+        while time.monotonic() < deadline:
+            with self.works_lock:
+                if not self.pending:
+                    break
+            time.sleep(0.02)
+        self.stop_watchdog.set()
+        dog.join()
+        self.write(
+            kind="done",
+            steps=self.steps,
+            cpu_s=round(time.process_time() - cpu0, 4),
+            wall_s=round(time.monotonic() - wall0, 4),
+            mono_ns=time.monotonic_ns(),
+        )
+        for ev in [*self.all_events, *self.sync_events.values()]:
+            self.cu("cuEventDestroy_v2", ev)
+        for c in self.comms.values():
+            self.nc("ncclCommDestroy", c.handle)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description="one rank of a stand-in job (async variant, DDP-like)")
+    p.add_argument("--layout", choices=("dp",), default="dp")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--inject", action="append", default=[], metavar="SPEC", help=base.SPEC_HELP)
+    p.add_argument("--run-dir", default=".")
+    p.add_argument("--gate", action="store_true", help="load the libraries, then wait for RUN_DIR/release")
+    p.add_argument("--rank", type=int, default=None, help="this rank (default: RANK)")
+    p.add_argument("--world-size", type=int, default=None, help="ranks in the job (default: WORLD_SIZE)")
+    args = p.parse_args(argv)
+    rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "0"))
+    with open(Path(args.run_dir) / f"rank{rank}.jsonl", "a") as truth:
+        try:
+            r = AsyncRank(args, truth)
+        except base.SpecError as e:
+            print(e, file=sys.stderr)
+            return 2
+        try:
+            r.run(args.gate)
+        except (base.CudaError, base.NcclError) as e:
+            print(f"rank {rank}: {e}", file=sys.stderr)
+            r.write(
+                kind="error",
+                step=r.step,
+                call=e.call,
+                code=e.code,
+                message=str(e),
+                mono_ns=time.monotonic_ns(),
+                wall_ns=time.time_ns(),
+            )
+            return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
