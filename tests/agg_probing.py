@@ -162,6 +162,7 @@ def collect_late(
     probe_s: float,
     python: bool = True,
     run_dir: Optional[str] = None,
+    **extra: Any,
 ) -> Collected:
     """The job (of either family, tests/families.py) starts unprobed; `argus probe --json` attaches
     once it reached `attach_at_step` (every communicator was created long before) and traces for
@@ -170,7 +171,7 @@ def collect_late(
     from tests import families
     from tests.probing import ProbeProc
 
-    job = families.start_job(family, ranks, steps, layout, injects, run_dir)
+    job = families.start_job(family, ranks, steps, layout, injects, run_dir, **extra)
     try:
         families.wait_step(job, attach_at_step)
         probe = ProbeProc(job.pids.values(), "-d", f"{probe_s}s", *(() if python else ("--no-python",)))

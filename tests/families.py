@@ -26,9 +26,11 @@ def start_job(
     run_dir: Optional[str] = None,
     gate: bool = False,
     hang_hold_s: float = 10.0,
+    **extra: Any,
 ) -> Any:
     """A started job of either family (with `gate`, ranks wait for `job.release()` before their
-    first CUDA call, after mapping the libraries)."""
+    first CUDA call, after mapping the libraries); `extra` goes to the family's config (e.g. the
+    stand-ins' `variant="async"`, the simulator's `timers`)."""
     injects = list(injects or [])
     if family == "sim":
         from argus.sim.launcher import SimConfig, SimJob
@@ -42,6 +44,7 @@ def start_job(
             run_dir=run_dir,
             gate=gate,
             hang_hold_s=hang_hold_s,
+            **extra,
         )
         return SimJob(cfg).start()
     if family == "standins":
@@ -55,6 +58,7 @@ def start_job(
             run_dir=run_dir,
             gate=gate,
             hang_hold_s=hang_hold_s,
+            **extra,
         )
         return StandinJob(scfg).start()
     raise ValueError(f"unknown family {family!r} (known: {', '.join(FAMILIES)})")
