@@ -7,7 +7,10 @@ Redis, alerts read back from Redis.
 
 Matrix: {fault present before attach, fault after attach} x {the simulator, the second stand-ins
 (tests/standins)} x {straggler, slow link, hang}, plus one clean run of `--clean-steps` probed
-steps per family. The agent always arrives late: every communicator was created before it.
+steps per family. Timers off: `--families standins-async-net,standins-async-timing,... --faults
+straggler` (VARIANTS: jobs that record no timers, each with one kind of GPU-arrival evidence; the
+`evidence` column says what the alert used). The agent always arrives late: every communicator
+was created before it.
 
 * detected: an alert of the expected kind naming exactly the faulty rank (the link's pair) fires;
   its step is the trainer step being judged when it fired (the alert's first_seen is that step's
@@ -46,6 +49,14 @@ PARAMS: Dict[str, Dict[str, Any]] = {
     "sim": {"straggler": 1.35, "link": 100, "attach": 20, "onset": 150},
     "standins": {"straggler": 1.35, "link": 20, "attach": 10, "onset": 90},
 }
+# timers off (issue "Which GPU arrived last"): family variants that record no timers, each leaving
+# one kind of GPU-arrival evidence (docs/diagnosis.md); the table's `evidence` column says what the
+# alert used. name -> (family, its config's extra fields)
+VARIANTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
+    "standins-async-net": ("standins", {"variant": "async"}),
+    "standins-async-timing": ("standins", {"variant": "async", "ranks_per_host": 8, "nccl_timing": True}),
+    "standins-async-none": ("standins", {"variant": "async", "ranks_per_host": 8}),
+}
 FAULTS = ("straggler", "slow_link", "hang")
 KINDS = {"straggler": "straggler", "slow_link": "slow_link", "hang": "hang"}
 
@@ -61,12 +72,18 @@ class Run:
     l1: List[str] = field(default_factory=list)
     identity: str = ""
     mode: str = ""
+    evidence: str = ""
     note: str = ""
+
+
+def base(family: str) -> Tuple[str, Dict[str, Any]]:
+    """(the family tests/families.py starts, its config's extra fields)."""
+    return VARIANTS.get(family, (family, {}))
 
 
 def spec(family: str, fault: str, when: str) -> Tuple[str, List[str], int, List[int]]:
     """(layout, injects, steps, faulty ranks)."""
-    p = PARAMS[family]
+    p = PARAMS[base(family)[0]]
     onset = 0 if when == "before" else p["onset"]
     if fault == "straggler":
         return "dp", [f"straggler:rank=5,factor={p['straggler']},from_step={onset}"], p["onset"] + 90, [5]
@@ -82,13 +99,14 @@ def run_one(family: str, fault: str, when: str, redis: RedisProc, clean_steps: i
     import redis as redis_py
 
     run = Run(family, fault, when)
-    p = PARAMS[family]
+    fam, extra = base(family)
+    p = PARAMS[fam]
     if when == "clean":
         layout, injects, steps, truth = "dp", [], p["attach"] + clean_steps + 40, []
     else:
         layout, injects, steps, truth = spec(family, fault, when)
     d = tempfile.mkdtemp(prefix="argus-acc-")
-    job = families.start_job(family, 8, steps, layout, injects, d, hang_hold_s=600.0)
+    job = families.start_job(fam, 8, steps, layout, injects, d, hang_hold_s=600.0, **extra)
     client = redis_py.Redis.from_url(redis.url)
     agg = probe = None
     try:
@@ -103,7 +121,7 @@ def run_one(family: str, fault: str, when: str, redis: RedisProc, clean_steps: i
         else:
             families.wait_step(job, p["attach"])
         args = [sys.executable, "-m", "argus"]
-        names = families.PHASES[family]
+        names = families.PHASES[fam] if not extra else ""
         agg = subprocess.Popen(
             [
                 *args,
@@ -193,6 +211,10 @@ def _judge(
             run.detected = True
             run.identity = str(a.evidence.get("identity", {}).get("comm", {}).get("identity", "-"))
             run.mode = str(a.evidence.get("comm_mode", "-"))
+            gpu = a.evidence.get("gpu_arrival") or {}
+            run.evidence = str(
+                gpu.get("source") or ("timers" if a.evidence.get("gpu_reached_last_steps") else "host")
+            )
             if run.fault == "hang":
                 since = ready_ns if run.when == "before" else (hang_ns or ready_ns)
                 run.latency = round((a.first_seen - since) / 1e9, 1)
@@ -235,7 +257,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--clean-steps", type=int, default=300)
-    ap.add_argument("--families", default=",".join(families.FAMILIES))
+    ap.add_argument(
+        "--families",
+        default=",".join(families.FAMILIES),
+        help=f"of {', '.join((*families.FAMILIES, *VARIANTS))} (the variants record no timers)",
+    )
     ap.add_argument("--faults", default=",".join(FAULTS))
     args = ap.parse_args()
     fams = [f for f in args.families.split(",") if f]
@@ -263,9 +289,9 @@ def main() -> int:
     )
     print(
         "| family | fault | when | runs | recall | latency | other alerts naming a rank | L1 only | identity "
-        "| collectives | note |"
+        "| collectives | evidence | note |"
     )
-    print("|---|---|---|---:|---:|---:|---|---|---|---|---|")
+    print("|---|---|---|---:|---:|---:|---|---|---|---|---|---|")
     for r in runs:
         unit = " s" if r.fault == "hang" else " steps"
         lat = f"{r.latency:g}{unit}" if r.latency is not None else "-"
@@ -275,7 +301,7 @@ def main() -> int:
         others = "; ".join(f"{k} {v}" for k, v in r.false) or "none"
         print(
             f"| {r.family} | {fault} | {when} | 1 | {rec} | {lat} | {others} | {', '.join(r.l1) or '-'} | "
-            f"{r.identity or '-'} | {r.mode or '-'} | {r.note} |"
+            f"{r.identity or '-'} | {r.mode or '-'} | {r.evidence or '-'} | {r.note} |"
         )
     print(f"\n(took {took:.0f} s)")
     return 0
