@@ -125,6 +125,19 @@ def _host_names(text: str) -> List[str]:
 @click.option(
     "--hang-hold", default=10.0, show_default=True, help="Seconds to keep a hung job hung before killing it."
 )
+@click.option(
+    "--timers/--no-timers",
+    default=True,
+    show_default=True,
+    help="Megatron-style CUDA-event timers (forward, backward, optimizer, grad_sync) read with "
+    "cuEventElapsedTime; --no-timers: a stock PyTorch DDP job, no timers.",
+)
+@click.option(
+    "--nccl-timing",
+    is_flag=True,
+    help="Set TORCH_NCCL_ENABLE_TIMING=1 for every rank: ProcessGroupNCCL's start events and its "
+    "watchdog's cuEventElapsedTime reads.",
+)
 @click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")
 @click.option("-q", "--quiet", is_flag=True, help="Only the final summary.")
 def run_cmd(
@@ -141,6 +154,8 @@ def run_cmd(
     truth: Optional[str],
     json_steps: Optional[str],
     hang_hold: float,
+    timers: bool,
+    nccl_timing: bool,
     timeout: Optional[float],
     quiet: bool,
 ) -> None:
@@ -157,6 +172,8 @@ def run_cmd(
       argus sim run --layout tp-dp --preset heavy --steps 20
       argus sim run --layout tp-dp --preset tp --steps 5
       argus sim run --inject slow_link:ranks=2-3,factor=4 --json-steps steps.json
+      argus sim run --ranks 8 --ranks-per-host 4 --no-timers --nccl-timing
+      ARGUS_SIM_NET=ib argus sim run --ranks 8 --ranks-per-host 4   # the IB plugin's sends
     """
     cfg = SimConfig(
         ranks=ranks,
@@ -170,12 +187,18 @@ def run_cmd(
         run_dir=run_dir,
         hang_hold_s=hang_hold,
         timeout_s=timeout,
+        timers=timers,
+        nccl_timing=nccl_timing,
     )
     if python:
         cfg.python = python
     job = SimJob(cfg)
     fault_txt = "; ".join(f.spec for f in job.faults) or "none"
-    click.echo(f"argus sim: {ranks} ranks ({layout}), {steps} steps, preset {preset}; faults: {fault_txt}")
+    click.echo(
+        f"argus sim: {ranks} ranks ({layout}), {steps} steps, preset {preset}; faults: {fault_txt}"
+        + ("" if timers else "; no timers")
+        + ("; TORCH_NCCL_ENABLE_TIMING=1" if nccl_timing else "")
+    )
     click.echo(f"run dir: {job.run_dir}")
     job.start()
     click.echo(f"rank pids: {' '.join(f'{r}:{p}' for r, p in job.pids.items())}")

@@ -7,12 +7,25 @@ would issue. Errors raise `GpuError` with the library's own error string.
 from __future__ import annotations
 
 import ctypes
-from ctypes import POINTER, byref, c_char_p, c_double, c_float, c_int, c_size_t, c_uint, c_uint64, c_void_p
-from typing import Any, List
+from ctypes import (
+    POINTER,
+    byref,
+    c_char_p,
+    c_double,
+    c_float,
+    c_int,
+    c_int64,
+    c_size_t,
+    c_uint,
+    c_uint64,
+    c_void_p,
+)
+from typing import Any, List, Optional, Tuple
 
 from argus.sim.build import SimLibs, build
 
 CUDA_ERROR_NOT_READY = 600
+CU_EVENT_DISABLE_TIMING = 0x2
 # ncclDataType_t, ncclRedOp_t (nccl.h)
 NCCL_DTYPES = {
     "int8": 0,
@@ -111,6 +124,11 @@ class Cuda:
         L.cuModuleGetFunction.argtypes = [POINTER(c_void_p), c_void_p, c_char_p]
         L.cuModuleLoadData.argtypes = [POINTER(c_void_p), c_char_p]
         L.argusSimNow.restype = ctypes.c_int64
+        L.argusSimSyncEpoch.restype = c_uint64
+        L.argusSimNotReadyCount.argtypes = [c_uint64, c_uint64]
+        L.argusSimNotReadyCount.restype = c_uint64
+        L.argusSimLastSync.argtypes = [POINTER(c_int64), POINTER(c_int64)]
+        L.argusSimLastSync.restype = None
         self._host_buf = ctypes.create_string_buffer(1 << 16)
 
     def check(self, call: str, rc: int) -> int:
@@ -160,9 +178,9 @@ class Cuda:
         self.check("cuStreamCreate", self.lib.cuStreamCreate(byref(s), 1))
         return int(s.value or 0)
 
-    def event(self) -> int:
+    def event(self, flags: int = 0) -> int:
         e = c_void_p()
-        self.check("cuEventCreate", self.lib.cuEventCreate(byref(e), 0))
+        self.check("cuEventCreate", self.lib.cuEventCreate(byref(e), flags))
         return int(e.value or 0)
 
     def record(self, ev: int, stream: int) -> None:
@@ -184,6 +202,21 @@ class Cuda:
 
     def sync(self, stream: int) -> None:
         self.check("cuStreamSynchronize", self.lib.cuStreamSynchronize(stream))
+
+    def sync_epoch(self) -> int:
+        """Host-blocking syncs returned so far in this process (the tracer's epochs; sim-only)."""
+        return int(self.lib.argusSimSyncEpoch())
+
+    def not_ready_count(self, from_epoch: int, to_epoch: int) -> int:
+        """cuEventQuery results CUDA_ERROR_NOT_READY, any thread, in epochs [from, to) (sim-only)."""
+        return int(self.lib.argusSimNotReadyCount(from_epoch, to_epoch))
+
+    def last_sync(self) -> Tuple[int, int]:
+        """When this thread's last host-blocking sync entered and returned, inside the library
+        (CLOCK_MONOTONIC ns; sim-only)."""
+        enter, exit_ = c_int64(), c_int64()
+        self.lib.argusSimLastSync(byref(enter), byref(exit_))
+        return enter.value, exit_.value
 
     def ctx_sync(self) -> None:
         self.check("cuCtxSynchronize", self.lib.cuCtxSynchronize())
@@ -227,6 +260,10 @@ class Nccl:
         L.ncclCommUserRank.argtypes = [c_void_p, POINTER(c_int)]
         L.argusSimSetLink.argtypes = [c_int, c_int, c_double]
         L.argusSimSetLink.restype = None
+        L.argusSimCollTimes.argtypes = [c_void_p, c_uint64, POINTER(c_int64), POINTER(c_int64)]
+        L.argusSimCollTimes.restype = c_int
+        L.argusSimCommSpansHosts.argtypes = [c_void_p]
+        L.argusSimCommSpansHosts.restype = c_int
         # NCCL never dereferences these in the simulation; real code passes device pointers.
         self._buf = ctypes.c_void_p(0x7E0000000000)
 
@@ -312,6 +349,18 @@ class Nccl:
 
     def destroy(self, comm: int) -> None:
         self.check("ncclCommDestroy", self.lib.ncclCommDestroy(comm))
+
+    def coll_times(self, comm: int, seq: int) -> Optional[Tuple[int, int]]:
+        """(when this rank's stream reached collective `seq` of `comm`, when its network proxy
+        first sent for it; 0 when none yet or the communicator stays on one host), CLOCK_REALTIME
+        ns; None when the stream has not reached it (sim-only ground truth)."""
+        arrive, first = c_int64(), c_int64()
+        if self.lib.argusSimCollTimes(comm, seq, byref(arrive), byref(first)) != 0:
+            return None
+        return arrive.value, first.value
+
+    def spans_hosts(self, comm: int) -> bool:
+        return self.lib.argusSimCommSpansHosts(comm) == 1
 
     def set_link(self, a: int, b: int, factor: float) -> None:
         self.lib.argusSimSetLink(a, b, factor)

@@ -61,6 +61,12 @@ class SimConfig:
     host_prefix: Dict[int, List[str]] = field(default_factory=dict)
     #: names of the simulated hosts in order (ranks_per_host ranks each); node-<i> past the list
     host_names: List[str] = field(default_factory=list)
+    #: Megatron-style CUDA-event timers (forward, backward, optimizer, grad_sync) read with
+    #: cuEventElapsedTime; without them the job is a stock PyTorch DDP job as far as CUDA sees
+    timers: bool = True
+    #: TORCH_NCCL_ENABLE_TIMING=1 in every rank's environment: ProcessGroupNCCL's start events and
+    #: its watchdog's cuEventElapsedTime reads
+    nccl_timing: bool = False
 
     def host_name(self, index: int) -> str:
         return self.host_names[index] if index < len(self.host_names) else f"node-{index}"
@@ -139,12 +145,15 @@ class SimJob:
             "run_id": self.run_id,
             "store": str(self.run_dir / f"store-{self.run_id}"),
             "init_config": self.cfg.init_config,
+            "timers": self.cfg.timers,
             "gate": str(self.run_dir / "go") if self.cfg.gate else None,
         }
         cfg_path = self.run_dir / "config.json"
         cfg_path.write_text(json.dumps(config, indent=1))
         rph = self.cfg.ranks_per_host
         pypath = child_pythonpath()
+        # the trainer reads TORCH_NCCL_ENABLE_TIMING from its environment, as PyTorch does
+        timing = {"TORCH_NCCL_ENABLE_TIMING": "1"} if self.cfg.nccl_timing else {}
         self.started_ns = time.monotonic_ns()
         atexit.register(self.stop)  # never leave rank processes behind, whatever happens to the caller
         for r in range(self.cfg.ranks):
@@ -163,6 +172,7 @@ class SimJob:
                 ARGUS_SIM_CONFIG=str(cfg_path),
                 ARGUS_SIM_LIBDIR=str(libs.directory),
                 PYTHONPATH=pypath,
+                **timing,
                 **self.cfg.extra_env,
             )
             log = open(self.run_dir / f"rank{r}.log", "w")

@@ -3,7 +3,10 @@
 Shaped like a PyTorch/Megatron loop driving libcuda and libnccl: a data loader, a model whose
 layers launch forward and backward kernels, DDP-style bucketed gradient all-reduce on a
 communication stream overlapping backward, an optimizer step, one host sync per step
-(`loss.item()`), and Megatron-style CUDA-event timers read with cuEventElapsedTime.
+(`loss.item()`), and (option `timers`, on by default) Megatron-style CUDA-event timers read with
+cuEventElapsedTime. Always, as stock PyTorch does: ProcessGroupNCCL's events around every DP
+collective with its watchdog thread polling them (TORCH_NCCL_ENABLE_TIMING=1 in the environment
+adds its start events and elapsed-time reads), and the caching allocator's record_stream events.
 Layouts: dp, tp-dp (tensor-parallel all-reduces inside layers, or all-gather/reduce-scatter pairs
 with `seq_parallel`), pp-dp (GPipe microbatches with send/recv between stages); dp and tp-dp run
 `grad_accum` micro-batches per step (1 unless a preset says otherwise). Rank identity comes from
@@ -15,16 +18,18 @@ rank<R>.jsonl in the run directory. Standard library only: any CPython 3.9+ runs
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import os
 import sys
+import threading
 import time
-from collections import Counter
-from typing import Dict, List, Optional
+from collections import Counter, deque
+from typing import Callable, Deque, Dict, List, Optional
 
 from argus.sim.faults import Fault, from_dicts
-from argus.sim.gpu import CUDA_ERROR_NOT_READY, Cuda, Nccl
+from argus.sim.gpu import CU_EVENT_DISABLE_TIMING, Cuda, GpuError, Nccl
 from argus.sim.store import FileStore
 from argus.sim.workload import Workload, bwd_layer, is_mlp
 
@@ -111,6 +116,7 @@ class TransformerLayer:
 
     def forward(self, mb_scale: float) -> None:
         t = self.t
+        t.allocator.malloc()
         sp = t.tp_comm is not None and t.w.seq_parallel
         for name, us in t.w.fwd_layer():
             if sp and name in SP_FWD_GATHER:
@@ -121,9 +127,11 @@ class TransformerLayer:
                     t.tp_reduce_scatter()
                 else:
                     t.all_reduce(t.tp_comm, t.w.act_bytes // 2, t.compute)
+        t.allocator.free(t.compute)  # a block of the layer's, used on the compute stream
 
     def backward(self, mb_scale: float) -> None:
         t = self.t
+        t.allocator.malloc()
         sp = t.tp_comm is not None and t.w.seq_parallel
         for name, us in bwd_layer(t.w.fwd_layer()):
             if sp and name in SP_BWD_GATHER:
@@ -134,6 +142,7 @@ class TransformerLayer:
                     t.tp_reduce_scatter()
                 else:
                     t.all_reduce(t.tp_comm, t.w.act_bytes // 2, t.compute)
+        t.allocator.free(t.compute)
 
 
 class Model:
@@ -168,6 +177,161 @@ class Optimizer:
             t.launch("multi_tensor_adam", t.w.opt_us * t.w.scale)
 
 
+def env_flag(name: str) -> bool:
+    """A boolean environment variable as PyTorch reads its TORCH_* switches (c10 getCvarBool)."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "y", "on")
+
+
+def name_thread(name: str) -> None:
+    """The OS name of the calling thread (PR_SET_NAME), as c10::setThreadName gives PyTorch's."""
+    try:
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class Work:
+    """A collective's WorkNCCL: its events, held by the watchdog until it retires and by the caller
+    until it has waited on it; the events go back to the cache when both let go."""
+
+    __slots__ = ("end", "refs", "seq", "start")
+
+    def __init__(self, seq: int, start: int, end: int) -> None:
+        self.seq, self.start, self.end, self.refs = seq, start, end, 2
+
+
+class ProcessGroupNCCL:
+    """What torch.distributed's ProcessGroupNCCL does around each collective, on the main thread:
+    cuEventRecord(pre, compute) and cuStreamWaitEvent(nccl stream, pre) (syncStream), with
+    TORCH_NCCL_ENABLE_TIMING=1 cuEventRecord(start, nccl stream), the NCCL call, cuEventRecord(end,
+    nccl stream); the work joins the watchdog's list. Start/end events come from a cache and are
+    reused once retired (PyTorch's CUDA event cache). The watchdog thread wakes every 100 ms and
+    queries each pending work's events (cuEventQuery(start) too with timing); once `end` is done
+    it reads cuEventElapsedTime(start, end) with timing and retires the work."""
+
+    POLL_S = 0.1  # ProcessGroupNCCL's kWatchdogThreadSleepMillis
+
+    def __init__(self, cu: Cuda, compute: int, stream: int) -> None:
+        self.cu, self.compute, self.stream = cu, compute, stream
+        self.timing = env_flag("TORCH_NCCL_ENABLE_TIMING")  # read from the environment, as PyTorch
+        self.flags = 0 if self.timing else CU_EVENT_DISABLE_TIMING
+        self.lock = threading.Lock()  # pending, cache, elapsed: main thread and watchdog
+        self.pending: List[Work] = []
+        self.cache: List[int] = []
+        self.elapsed: Dict[int, float] = {}  # seq -> ms read by the watchdog, taken by the trainer
+        self.errors = 0
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._watchdog, name="pt_nccl_watchdg", daemon=True)
+        self.thread.start()
+
+    def _event(self) -> int:
+        with self.lock:
+            if self.cache:
+                return self.cache.pop()
+        return self.cu.event(self.flags)
+
+    def sync_streams(self, pre: int) -> None:
+        """The NCCL stream waits for what the compute stream has issued so far."""
+        self.cu.record(pre, self.compute)
+        self.cu.wait_event(self.stream, pre)
+
+    def run(self, seq: int, issue: Callable[[], None]) -> Work:
+        """Issue one collective on the NCCL stream between the work's events."""
+        start = self._event() if self.timing else 0
+        end = self._event()
+        if start:
+            self.cu.record(start, self.stream)
+        issue()
+        self.cu.record(end, self.stream)
+        work = Work(seq, start, end)
+        with self.lock:
+            self.pending.append(work)
+        return work
+
+    def wait(self, work: Work) -> None:
+        """work.wait(): the compute stream waits for the collective; the caller lets go of it."""
+        self.cu.wait_event(self.compute, work.end)
+        with self.lock:
+            self._unref(work)
+
+    def _unref(self, work: Work) -> None:  # with self.lock held
+        work.refs -= 1
+        if work.refs == 0:
+            self.cache.append(work.end)
+            if work.start:
+                self.cache.append(work.start)
+
+    def poll(self) -> None:
+        """One watchdog pass: query every pending work, retire the finished ones."""
+        with self.lock:
+            works = list(self.pending)
+        cu = self.cu
+        for w in works:
+            if w.start:
+                cu.query(w.start)  # isStarted()
+            if cu.query(w.end) != 0:  # isCompleted()
+                continue
+            ms = cu.elapsed_ms(w.start, w.end) if w.start else None
+            with self.lock:
+                self.pending.remove(w)
+                if ms is not None:
+                    self.elapsed[w.seq] = ms
+                self._unref(w)
+
+    def take_elapsed(self) -> Dict[int, float]:
+        with self.lock:
+            out, self.elapsed = self.elapsed, {}
+        return out
+
+    def _watchdog(self) -> None:
+        name_thread("pt_nccl_watchdg")
+        while not self._stop.wait(self.POLL_S):
+            try:
+                self.poll()
+            except GpuError as e:  # a failed stream: say it once per pass, keep watching
+                self.errors += 1
+                print(f"watchdog: {e}", file=sys.stderr, flush=True)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=5)
+
+
+class CachingAllocator:
+    """The CUDA caching allocator's record_stream events, and only those (no memory is allocated):
+    freeing a block used on a stream records an event from the allocator's pool on that stream
+    (insert_events); each malloc first processes the outstanding events in FIFO order, stopping at
+    the first one not done (process_events), done ones going back to the pool. When too many are
+    outstanding the oldest is waited for (cuEventSynchronize), as the allocator would block."""
+
+    # Above what any preset keeps outstanding (tp: 640 frees a step, all done at the step's sync),
+    # so the presets never block here: a blocking sync per layer would be a step boundary to a
+    # tracer, which no PyTorch job has.
+    MAX_OUTSTANDING = 1024
+
+    def __init__(self, cu: Cuda) -> None:
+        self.cu = cu
+        self.pool: List[int] = []
+        self.outstanding: Deque[int] = deque()
+
+    def malloc(self) -> None:
+        cu, out = self.cu, self.outstanding
+        while out:
+            if cu.query(out[0]) != 0:
+                break
+            self.pool.append(out.popleft())
+
+    def free(self, stream: int) -> None:
+        cu = self.cu
+        if len(self.outstanding) >= self.MAX_OUTSTANDING:
+            oldest = self.outstanding.popleft()
+            cu.event_sync(oldest)
+            self.pool.append(oldest)
+        ev = self.pool.pop() if self.pool else cu.event(CU_EVENT_DISABLE_TIMING)
+        cu.record(ev, stream)
+        self.outstanding.append(ev)
+
+
 class Trainer:
     def __init__(self, cfg: dict) -> None:
         self.cfg = cfg
@@ -192,7 +356,11 @@ class Trainer:
         self.tp_comm: Optional[int] = None
         self.pp_comm: Optional[int] = None
         self.dp_seq = 0  # collectives issued on the DP communicator (its collOpCount)
+        self.step_dp_seqs: List[int] = []  # those of the current step
         self.comm_info: Dict[str, dict] = {}
+        self.timers: bool = bool(cfg.get("timers", True))  # Megatron-style CUDA-event timers
+        self.ev: Dict[str, int] = {}
+        self.epoch = 0  # the process's sync epoch after the previous step's sync (errors per step)
 
     # ---- helpers ---------------------------------------------------------------------------------
 
@@ -225,16 +393,21 @@ class Trainer:
         self.log.coll("ReduceScatter", shard)
 
     def reduce_bucket(self, k: int) -> None:
-        """DDP: the comm stream waits for the bucket's gradients, then all-reduces them."""
-        ev = self.bucket_events[k % len(self.bucket_events)]
-        self.cu.record(ev, self.compute)
-        self.cu.wait_event(self.comm, ev)
+        """DDP: the comm stream waits for the bucket's gradients, then all-reduces them
+        (ProcessGroupNCCL.allreduce: see ProcessGroupNCCL for the calls)."""
+        self.pg.sync_streams(self.bucket_events[k % len(self.bucket_events)])
         if k == 0:
-            self.cu.record(self.ev["comm_start"], self.comm)
+            self.mark("comm_start", self.comm)
         self.maybe_hang()
         nbytes = self.w.grad_bytes_per_layer * self.w.bucket_layers // (self.w.tp if self.tp_comm else 1)
-        self.all_reduce(self.dp_comm, nbytes, self.comm)
+        self.works.append(self.pg.run(self.dp_seq, lambda: self.all_reduce(self.dp_comm, nbytes, self.comm)))
+        self.step_dp_seqs.append(self.dp_seq)
         self.dp_seq += 1
+
+    def mark(self, name: str, stream: int) -> None:
+        """A Megatron-style timer event (option `timers`)."""
+        if self.timers:
+            self.cu.record(self.ev[name], stream)
 
     def maybe_hang(self) -> None:
         for f in self.faults:
@@ -297,19 +470,22 @@ class Trainer:
         self.setup_errors = {"cuModuleGetFunction:500": 1 if cu.get_function_rc("flash_attn_v3_fwd") else 0}
         self.compute = cu.stream()
         self.comm = cu.stream()
-        self.ev = {
-            k: cu.event()
-            for k in (
-                "fwd_start",
-                "fwd_end",
-                "bwd_start",
-                "bwd_end",
-                "opt_start",
-                "opt_end",
-                "comm_start",
-                "comm_end",
-            )
-        }
+        if self.timers:
+            self.ev = {
+                k: cu.event()
+                for k in (
+                    "fwd_start",
+                    "fwd_end",
+                    "bwd_start",
+                    "bwd_end",
+                    "opt_start",
+                    "opt_end",
+                    "comm_start",
+                    "comm_end",
+                )
+            }
+        self.allocator = CachingAllocator(cu)
+        self.works: List[Work] = []  # this step's DP works, waited on at finish_grad_sync
         self.batch_ptr = cu.alloc(w.batch_bytes)
         self.loss_ptr = cu.alloc(4096)
         self.params_ptr = cu.alloc(w.grad_bytes_per_layer * w.layers)
@@ -336,10 +512,16 @@ class Trainer:
         self.loader = DataLoader(self)
         self.buckets_per_step = max(1, layers // w.bucket_layers)
         self.bucket_events = [cu.event() for _ in range(self.buckets_per_step)]
-        # DDP broadcasts parameters from rank 0 at construction.
-        self.nccl.broadcast(w.grad_bytes_per_layer * layers // 2, "bfloat16", 0, self.dp_comm, self.comm)
+        self.pg = ProcessGroupNCCL(cu, self.compute, self.comm)  # starts its watchdog thread
+        self.dp_spans_hosts = self.nccl.spans_hosts(self.dp_comm)
+        # DDP broadcasts parameters from rank 0 at construction (_sync_module_states), and waits.
+        count = w.grad_bytes_per_layer * layers // 2
+        self.pg.sync_streams(cu.event(CU_EVENT_DISABLE_TIMING))
+        work = self.pg.run(0, lambda: self.nccl.broadcast(count, "bfloat16", 0, self.dp_comm, self.comm))
+        self.pg.wait(work)
         self.dp_seq = 1
         cu.sync(self.comm)
+        self.epoch = cu.sync_epoch()
         self.gc_heap: list = []
         if any(f.kind == "gc_pause" for f in self.faults):
             self.gc_heap = [[i] for i in range(1_500_000)]  # live tracked objects make full GCs slow
@@ -356,6 +538,12 @@ class Trainer:
                     "buckets_per_step": self.buckets_per_step,
                     "setup_errors": self.setup_errors,
                     "faults": [f.to_dict() for f in self.faults],
+                    "timers": self.timers,
+                    "nccl_timing": self.pg.timing,
+                    "dp_spans_hosts": self.dp_spans_hosts,
+                    "host": os.environ.get("ARGUS_HOST", ""),
+                    # step times (start_ns ...) are CLOCK_MONOTONIC, dp_* times CLOCK_REALTIME
+                    "realtime_minus_monotonic_ns": time.time_ns() - cu.now(),
                     "t_ns": cu.now(),
                 }
             }
@@ -386,8 +574,9 @@ class Trainer:
         return active
 
     def train_step(self, step: int) -> dict:
-        cu, ev = self.cu, self.ev
+        cu, mark = self.cu, self.mark
         self.log = StepLog()
+        self.step_dp_seqs = []
         active = self.apply_faults(step)
         t0 = cu.now()
         clock = time.perf_counter_ns
@@ -415,34 +604,46 @@ class Trainer:
             # grad_accum micro-batches: all forwards, then all backwards (as pipeline_step; the
             # order does not change what is issued), gradients synced in the last backward
             mbs = self.w.grad_accum
-            cu.record(ev["fwd_start"], self.compute)
+            mark("fwd_start", self.compute)
             h = clock()
             for _ in range(mbs):
                 self.model.forward(1.0 / mbs)
             host["forward"] = clock() - h
-            cu.record(ev["fwd_end"], self.compute)
-            cu.record(ev["bwd_start"], self.compute)
+            mark("fwd_end", self.compute)
+            mark("bwd_start", self.compute)
             h = clock()
             for m in range(mbs):
                 self.model.backward(1.0 / mbs, grad_sync=(m == mbs - 1))
             self.finish_grad_sync()
             host["backward"] = clock() - h
-        cu.record(ev["opt_start"], self.compute)
+        mark("opt_start", self.compute)
         h = clock()
         self.optimizer.step()
         host["optimizer"] = clock() - h
-        cu.record(ev["opt_end"], self.compute)
+        mark("opt_end", self.compute)
         cu.d2h_async(self.loss_ptr, 4, self.compute)  # loss.item()
         self.log.memcpy["DtoH"] += 4
-        s0 = cu.now()
         cu.sync(self.compute)
-        s1 = cu.now()
-        timers = {
-            "forward": cu.elapsed_ms(ev["fwd_start"], ev["fwd_end"]),
-            "backward": cu.elapsed_ms(ev["bwd_start"], ev["bwd_end"]),
-            "optimizer": cu.elapsed_ms(ev["opt_start"], ev["opt_end"]),
-            "grad_sync": cu.elapsed_ms(ev["comm_start"], ev["comm_end"]),
-        }
+        # the sync as the library saw it: around the Python call it would also hold the wait for
+        # the GIL, when the watchdog thread has it as the sync returns
+        s0, s1 = cu.last_sync()
+        epoch = cu.sync_epoch()
+        # every thread's cuEventQuery CUDA_ERROR_NOT_READY (this thread's, the watchdog's) since the
+        # previous step's sync returned: what a tracer counts for the step, sync to sync
+        not_ready = cu.not_ready_count(self.epoch, epoch)
+        self.epoch = epoch
+        if not_ready:
+            self.log.errors["cuEventQuery:600"] += not_ready
+        timers: Dict[str, float] = {}
+        if self.timers:
+            ev = self.ev
+            timers = {
+                "forward": cu.elapsed_ms(ev["fwd_start"], ev["fwd_end"]),
+                "backward": cu.elapsed_ms(ev["bwd_start"], ev["bwd_end"]),
+                "optimizer": cu.elapsed_ms(ev["opt_start"], ev["opt_end"]),
+                "grad_sync": cu.elapsed_ms(ev["comm_start"], ev["comm_end"]),
+            }
+        dp = self.dp_truth(self.step_dp_seqs)
         cu.free(act)
         self.log.free_bytes += self.w.act_bytes * 4
         t1 = cu.now()
@@ -462,7 +663,10 @@ class Trainer:
             "free_bytes": self.log.free_bytes,
             "faults": active,
             "host_phase_ns": host,
+            **dp,
         }
+        if self.pg.timing:
+            rec["pg_elapsed_ms"] = {str(k): v for k, v in sorted(self.pg.take_elapsed().items())}
         if gc_s:
             rec["gc_s"] = gc_s
         if stall is not None:
@@ -470,18 +674,43 @@ class Trainer:
         return rec
 
     def finish_grad_sync(self) -> None:
-        """Megatron's finish_grad_sync: compute waits for the last bucket's all-reduce."""
-        cu, ev = self.cu, self.ev
-        cu.record(ev["comm_end"], self.comm)
-        # A watchdog-style poll right after enqueue: usually CUDA_ERROR_NOT_READY.
-        if cu.query(ev["comm_end"]) == CUDA_ERROR_NOT_READY:
-            self.log.errors["cuEventQuery:600"] += 1
-        cu.record(ev["bwd_end"], self.compute)
-        cu.wait_event(self.compute, ev["comm_end"])
+        """Megatron's finish_grad_sync (timers: the compute stream waits for the grad-sync timer's
+        end event), then DDP's: work.wait() on every bucket's all-reduce."""
+        cu = self.cu
+        if self.timers:
+            ev = self.ev
+            cu.record(ev["comm_end"], self.comm)
+            # A poll right after enqueue: usually CUDA_ERROR_NOT_READY (counted by the library)
+            cu.query(ev["comm_end"])
+            cu.record(ev["bwd_end"], self.compute)
+            cu.wait_event(self.compute, ev["comm_end"])
+        for work in self.works:
+            self.pg.wait(work)
+        self.works = []
+
+    def dp_truth(self, seqs: List[int]) -> dict:
+        """When this rank's NCCL stream reached each DP collective of the step (and, when the DP
+        communicator spans hosts, when its network proxy first sent for it): CLOCK_REALTIME ns
+        from the library. Read after the step's sync, so the stream has reached them all; the
+        proxy's first send may trail its thread's wake-up by a little: waited for, briefly."""
+        arrive: List[Optional[int]] = []
+        first: List[Optional[int]] = []
+        deadline = time.monotonic() + 0.05
+        for seq in seqs:
+            got = self.nccl.coll_times(self.dp_comm, seq)
+            while self.dp_spans_hosts and (got is None or not got[1]) and time.monotonic() < deadline:
+                time.sleep(0.0005)
+                got = self.nccl.coll_times(self.dp_comm, seq)
+            arrive.append(got[0] if got else None)
+            first.append(got[1] or None if got else None)
+        out: dict = {"dp_seqs": seqs, "dp_gpu_arrive_ns": arrive}
+        if self.dp_spans_hosts:
+            out["dp_first_send_ns"] = first
+        return out
 
     def pipeline_step(self) -> None:
         """GPipe: all forward microbatches, then all backward; p2p on the compute stream."""
-        cu, ev, n = self.cu, self.ev, self.nccl
+        mark, n = self.mark, self.nccl
         mbs, last = self.w.microbatches, self.w.pp - 1
         scale = 1.0 / mbs
         count = self.w.act_bytes // 2
@@ -495,15 +724,15 @@ class Trainer:
             n.group_end()
             self.log.coll(op, self.w.act_bytes)
 
-        cu.record(ev["fwd_start"], self.compute)
+        mark("fwd_start", self.compute)
         for _ in range(mbs):
             if self.stage > 0:
                 p2p("Recv", self.stage - 1)
             self.model.forward(scale)
             if self.stage < last:
                 p2p("Send", self.stage + 1)
-        cu.record(ev["fwd_end"], self.compute)
-        cu.record(ev["bwd_start"], self.compute)
+        mark("fwd_end", self.compute)
+        mark("bwd_start", self.compute)
         for m in range(mbs):
             if self.stage < last:
                 p2p("Recv", self.stage + 1)
@@ -517,6 +746,7 @@ class Trainer:
             self.step = step
             self.emit(self.train_step(step))
         self.cu.ctx_sync()
+        self.pg.shutdown()  # the watchdog stops before its communicator goes
         for info in self.comm_info.values():
             self.nccl.destroy(info["handle"])
         self.emit({"done": {"t_ns": self.cu.now()}})

@@ -142,6 +142,60 @@ static void sleep_until(int64_t t_ns) {
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+/* ---- sync epochs: ground truth for the tracer's per-step error counts ------------------ */
+
+/* The tracer counts non-zero CUresults per epoch of the process, and the return of a
+ * host-blocking sync begins the next epoch (argus/bpf/cuda.bpf.c, libcuda.py SYNC_CALLS). The
+ * trainer's cuEventQuery calls come from its main thread and from its watchdog thread at any
+ * time, so the trainer cannot count their CUDA_ERROR_NOT_READY per step itself without racing
+ * the step's sync; the library counts them per epoch, under the lock the query takes anyway, and
+ * argusSimNotReadyCount gives a step's count (argus/sim/trainer.py). Nothing else depends on it. */
+#define EPOCH_RING 4096
+static uint64_t g_epoch;                /* host-blocking syncs returned so far */
+static uint64_t g_notready[EPOCH_RING]; /* cuEventQuery -> CUDA_ERROR_NOT_READY, per epoch */
+
+static __thread int64_t t_sync_enter, t_sync_exit; /* this thread's last host-blocking sync */
+
+static void epoch_tick(int *unused) {
+    (void)unused;
+    t_sync_exit = argusSimNow();
+    pthread_mutex_lock(&g_mu);
+    g_epoch++;
+    g_notready[g_epoch % EPOCH_RING] = 0;
+    pthread_mutex_unlock(&g_mu);
+}
+/* First statement of every host-blocking sync: the epoch advances on every return path, as the
+ * tracer's return probe does. */
+#define SYNC_CALL()                 \
+    t_sync_enter = argusSimNow();   \
+    int epoch_guard__ __attribute__((cleanup(epoch_tick), unused)) = 0
+
+/* When the calling thread's last host-blocking sync was entered and returned (CLOCK_MONOTONIC):
+ * the trainer's ground truth of its sync wait, measured where a tracer measures it, not around
+ * the Python call (which also waits for the GIL when another Python thread holds it). */
+API void argusSimLastSync(int64_t *enter_ns, int64_t *exit_ns) {
+    if (enter_ns) *enter_ns = t_sync_enter;
+    if (exit_ns) *exit_ns = t_sync_exit;
+}
+
+API uint64_t argusSimSyncEpoch(void) {
+    pthread_mutex_lock(&g_mu);
+    uint64_t e = g_epoch;
+    pthread_mutex_unlock(&g_mu);
+    return e;
+}
+
+/* cuEventQuery results CUDA_ERROR_NOT_READY in epochs [from, to) (the last EPOCH_RING kept). */
+API uint64_t argusSimNotReadyCount(uint64_t from, uint64_t to) {
+    uint64_t n = 0;
+    pthread_mutex_lock(&g_mu);
+    if (to > g_epoch + 1) to = g_epoch + 1;
+    if (to > from + EPOCH_RING) from = to - EPOCH_RING;
+    for (uint64_t e = from; e < to; e++) n += g_notready[e % EPOCH_RING];
+    pthread_mutex_unlock(&g_mu);
+    return n;
+}
+
 /* ---- streams ------------------------------------------------------------------------- */
 
 static void *stream_worker(void *p) {
@@ -371,6 +425,7 @@ API CUresult cuCtxDestroy_v2(CUcontext ctx) {
 }
 
 API CUresult cuCtxSynchronize(void) {
+    SYNC_CALL();
     REQUIRE_CTX();
     CUresult rc = CUDA_SUCCESS;
     int64_t t = 0;
@@ -537,14 +592,17 @@ static CUresult copy(size_t bytes, double bw, int64_t lat, CUstream h, int sync)
 }
 
 API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+    SYNC_CALL();
     if (!dst || !src) return CUDA_ERROR_INVALID_VALUE;
     return copy(n, PCIE_BW, PCIE_LAT, NULL, 1);
 }
 API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+    SYNC_CALL();
     if (!dst || !src) return CUDA_ERROR_INVALID_VALUE;
     return copy(n, PCIE_BW, PCIE_LAT, NULL, 1);
 }
 API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    SYNC_CALL();
     if (!dst || !src) return CUDA_ERROR_INVALID_VALUE;
     return copy(n, HBM_BW, HBM_LAT, NULL, 1);
 }
@@ -561,11 +619,13 @@ API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CU
     return copy(n, HBM_BW, HBM_LAT, h, 0);
 }
 API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
+    SYNC_CALL();
     (void)v;
     if (!dst) return CUDA_ERROR_INVALID_VALUE;
     return copy(n, HBM_BW, HBM_LAT, NULL, 1);
 }
 API CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int v, size_t n) {
+    SYNC_CALL();
     (void)v;
     if (!dst) return CUDA_ERROR_INVALID_VALUE;
     return copy(n * 4, HBM_BW, HBM_LAT, NULL, 1);
@@ -607,6 +667,7 @@ API CUresult cuStreamDestroy_v2(CUstream h) {
 }
 
 API CUresult cuStreamSynchronize(CUstream h) {
+    SYNC_CALL();
     REQUIRE_CTX();
     struct CUstream_st *s = resolve_stream(h);
     if (!s) return CUDA_ERROR_INVALID_HANDLE;
@@ -682,11 +743,15 @@ static int event_complete(CUevent ev, int64_t *ts) {
 API CUresult cuEventQuery(CUevent ev) {
     REQUIRE_CTX();
     if (!ev || ev->magic != MAGIC_EVENT) return CUDA_ERROR_INVALID_HANDLE;
-    int64_t ts;
-    return event_complete(ev, &ts) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    pthread_mutex_lock(&g_mu);
+    int done = ev->done_gen >= ev->rec_gen && ev->ts <= argusSimNow();
+    if (!done) g_notready[g_epoch % EPOCH_RING]++;
+    pthread_mutex_unlock(&g_mu);
+    return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 API CUresult cuEventSynchronize(CUevent ev) {
+    SYNC_CALL();
     REQUIRE_CTX();
     if (!ev || ev->magic != MAGIC_EVENT) return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&g_mu);

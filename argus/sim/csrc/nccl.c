@@ -14,6 +14,15 @@
  * decodes ncclCommUserRank/ncclCommCount like for any build, and the commHash offset is in its
  * layout table as a row of this version validated by those accessors (argus/probes/nccl_layout.py).
  * commHash is this library's own hash of the unique id, unrelated to anything the tracer computes.
+ *
+ * Network proxy: every member registers its simulated host (ARGUS_HOST) at init, so each knows
+ * whether its communicator spans hosts. Such a communicator gets a proxy thread, as NCCL's
+ * proxy progresses network transfers: when this rank's stream reaches a collective, the stream
+ * worker hands it to the proxy (never blocking), which posts the first chunk of the rank's data
+ * at once through the net plugin's isend (ncclNetSocketIsend, or ncclIbIsend with
+ * ARGUS_SIM_NET=ib: local symbols, as in NVIDIA's builds), and the following chunks spaced over
+ * the modelled transfer once every member arrived. Communicators within one host send nothing
+ * over the network (NVLink).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -103,6 +112,7 @@ struct shm_hdr {
     uint32_t joined, left, aborted, pad;
     int32_t global_rank[MAXR];
     int32_t pid[MAXR];
+    uint64_t host[MAXR]; /* hash of each member's simulated host (ARGUS_HOST) */
     struct split_slot split[SPLIT_RING][MAXR];
     /* followed by: struct coll_slot coll[COLL_RING][nranks];
      *              struct p2p_slot p2p[nranks (src)][nranks (dst)][P2P_RING]; */
@@ -122,6 +132,10 @@ struct ncclComm {
     size_t shm_size;
     uint64_t *sendCount, *recvCount; /* per peer */
     char shm_name[96];
+    /* past NVIDIA's fields: sim-only */
+    int spansHosts;           /* members on more than one simulated host */
+    struct proxy *proxy;      /* the network proxy thread (spansHosts only) */
+    struct coll_truth *truth; /* per collective: when this rank's stream reached it, first send */
 };
 typedef struct ncclComm *ncclComm_t;
 
@@ -141,6 +155,9 @@ static struct {
 } g_links[64];
 static int g_nlinks;
 
+static uint64_t g_host_hash;  /* this process's simulated host */
+static int g_net_ib;          /* ARGUS_SIM_NET=ib: the IB plugin's isend, else the socket one's */
+
 static __thread int t_group_depth;
 static __thread struct task *t_group[MAX_GROUP_TASKS];
 static __thread int t_ngroup;
@@ -154,6 +171,17 @@ static void load_env(void) {
     if ((e = getenv("ARGUS_SIM_ALPHA_US"))) g_alpha_ns = atof(e) * 1000.0;
     if ((e = getenv("ARGUS_SIM_NVLINK_GBPS"))) g_nvlink_bw = atof(e);
     if ((e = getenv("ARGUS_SIM_NET_GBPS"))) g_net_bw = atof(e);
+    e = getenv("ARGUS_SIM_NET");
+    g_net_ib = e && strcmp(e, "ib") == 0;
+    /* the launcher sets ARGUS_HOST; without it, the host is the rank's group of LOCAL_WORLD_SIZE
+     * (link_bw's idea of a host) */
+    char fallback[32];
+    snprintf(fallback, sizeof(fallback), "#%d", g_global_rank / g_local_world);
+    const char *host = getenv("ARGUS_HOST");
+    if (!host || !*host) host = fallback;
+    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
+    for (const char *c = host; *c; c++) h = (h ^ (unsigned char)*c) * 0x100000001b3ULL;
+    g_host_hash = h;
 }
 
 /* Slow the link between global ranks a and b by `factor` (1.0 restores it). */
@@ -283,6 +311,206 @@ static int wait_for(struct shm_hdr *h, cond_fn cond, void *ctx) {
     }
 }
 
+/* ---- network proxy ---------------------------------------------------------------------------- */
+
+#define PROXY_SCHED 4096  /* sends scheduled and not yet posted, per communicator */
+#define TRUTH_RING 1024   /* collectives whose times argusSimCollTimes still returns */
+#define NET_REQS 8        /* requests in flight per send communicator */
+#define NET_MAX_STEPS 64  /* sends per collective, at most */
+#define NET_CHUNK (512 << 10) /* NCCL's 4 MiB buffer in 8 steps: the pipelined ops' slice */
+
+/* When this rank's stream reached a collective and when its proxy first sent for it (ground
+ * truth for the trainer, argusSimCollTimes; both CLOCK_REALTIME). */
+struct coll_truth {
+    uint64_t seq1;         /* seq + 1 once written */
+    int64_t arrive_ns;
+    int64_t first_send_ns; /* 0 until the first send (or with no proxy) */
+};
+
+/* The net plugin's send communicator (one per peer, stable) and its requests. */
+struct net_request {
+    void *send_comm, *data, *mhandle;
+    int size, tag;
+    uint64_t id, key;
+};
+struct net_send_comm {
+    int peer, peer_global;
+    uint64_t posted;
+    struct net_request reqs[NET_REQS];
+};
+
+struct send_item {
+    int64_t due; /* CLOCK_MONOTONIC (virtual GPU time) */
+    uint64_t seq;
+    const char *data;
+    int peer, size, step, coll; /* step 0 of a collective: the rank's own first chunk */
+};
+
+struct proxy {
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* on CLOCK_MONOTONIC */
+    int stop, n, ring_peer;
+    uint64_t dropped;
+    ncclComm_t comm;
+    struct net_send_comm *send_comms; /* [nRanks] */
+    struct send_item items[PROXY_SCHED];
+    char mhandle[64]; /* the registered buffer's handle */
+};
+
+static volatile uint64_t g_socket_isends, g_ib_isends;
+
+/* The net plugins' isend (ncclNet v6-v8: int size, a tag, the registration handle, a request
+ * out). NVIDIA's libnccl has ncclNetSocketIsend and ncclIbIsend as local symbols (.symtab, not
+ * .dynsym): so here. noipa keeps them out of line, unspecialised and unmerged, so a probe on
+ * their address sees every send with its real arguments. */
+static __attribute__((noinline, noipa, used)) ncclResult_t ncclNetSocketIsend(void *sendComm, void *data, int size,
+                                                                             int tag, void *mhandle,
+                                                                             void **request) {
+    struct net_send_comm *sc = sendComm;
+    if (!sc || !request || size < 0) return ncclInternalError;
+    struct net_request *r = &sc->reqs[sc->posted++ % NET_REQS];
+    r->send_comm = sendComm;
+    r->data = data;
+    r->size = size;
+    r->tag = tag;
+    r->mhandle = mhandle;
+    r->id = __atomic_add_fetch(&g_socket_isends, 1, __ATOMIC_RELAXED);
+    *request = r;
+    return ncclSuccess;
+}
+
+static __attribute__((noinline, noipa, used)) ncclResult_t ncclIbIsend(void *sendComm, void *data, int size, int tag,
+                                                                      void *mhandle, void **request) {
+    struct net_send_comm *sc = sendComm;
+    if (!sc || !request || size < 0) return ncclInternalError;
+    struct net_request *r = &sc->reqs[sc->posted++ % NET_REQS];
+    r->send_comm = sendComm;
+    r->data = data;
+    r->size = size;
+    r->tag = tag;
+    r->mhandle = mhandle;
+    r->key = (uint64_t)(uintptr_t)mhandle ^ ((uint64_t)(unsigned)sc->peer_global << 32); /* the "lkey" */
+    r->id = __atomic_add_fetch(&g_ib_isends, 1, __ATOMIC_RELAXED);
+    *request = r;
+    return ncclSuccess;
+}
+
+static int64_t realtime_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void proxy_send(struct proxy *p, const struct send_item *it) {
+    struct net_send_comm *sc = &p->send_comms[it->peer];
+    void *req = NULL;
+    int64_t t = realtime_ns();
+    if (g_net_ib)
+        ncclIbIsend(sc, (void *)it->data, it->size, p->comm->rank, p->mhandle, &req);
+    else
+        ncclNetSocketIsend(sc, (void *)it->data, it->size, p->comm->rank, p->mhandle, &req);
+    if (it->coll && it->step == 0) {
+        struct coll_truth *ct = &p->comm->truth[it->seq % TRUTH_RING];
+        if (__atomic_load_n(&ct->seq1, __ATOMIC_ACQUIRE) == it->seq + 1)
+            __atomic_store_n(&ct->first_send_ns, t, __ATOMIC_RELEASE);
+    }
+}
+
+/* Post each scheduled send when its time comes (sends of several collectives interleave, as
+ * NCCL's proxy progresses every operation in flight). */
+static void *proxy_main(void *arg) {
+    struct proxy *p = arg;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        int best = -1;
+        for (int i = 0; i < p->n; i++)
+            if (best < 0 || p->items[i].due < p->items[best].due) best = i;
+        if (best < 0) {
+            if (p->stop) break;
+            pthread_cond_wait(&p->cv, &p->mu);
+            continue;
+        }
+        int64_t due = p->items[best].due;
+        if (due > argusSimNow()) {
+            if (p->stop) break; /* the communicator is gone: what is still to come never will */
+            struct timespec ts = {.tv_sec = due / 1000000000LL, .tv_nsec = due % 1000000000LL};
+            pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+            continue;
+        }
+        struct send_item it = p->items[best];
+        p->items[best] = p->items[--p->n];
+        pthread_mutex_unlock(&p->mu);
+        proxy_send(p, &it);
+        pthread_mutex_lock(&p->mu);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+/* The stream worker's handoff: a short critical section, never a wait. */
+static void proxy_push(struct proxy *p, const struct send_item *items, int n) {
+    pthread_mutex_lock(&p->mu);
+    for (int i = 0; i < n; i++) {
+        if (!p->stop && p->n < PROXY_SCHED) p->items[p->n++] = items[i];
+        else p->dropped++;
+    }
+    pthread_cond_signal(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void proxy_start(ncclComm_t c) {
+    struct proxy *p = calloc(1, sizeof(*p));
+    if (!p) return;
+    struct shm_hdr *h = c->shm;
+    p->comm = c;
+    p->send_comms = calloc((size_t)c->nRanks, sizeof(struct net_send_comm));
+    if (!p->send_comms) {
+        free(p);
+        return;
+    }
+    for (int r = 0; r < c->nRanks; r++) {
+        p->send_comms[r].peer = r;
+        p->send_comms[r].peer_global = h->global_rank[r];
+    }
+    /* a ring's send to another host: the next member, in ring order, on another host */
+    p->ring_peer = (c->rank + 1) % c->nRanks;
+    for (int k = 1; k < c->nRanks; k++) {
+        int r = (c->rank + k) % c->nRanks;
+        if (h->host[r] != h->host[c->rank]) {
+            p->ring_peer = r;
+            break;
+        }
+    }
+    snprintf(p->mhandle, sizeof(p->mhandle), "mr-%016llx-%d", (unsigned long long)c->commHash, c->rank);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&p->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&p->th, NULL, proxy_main, p) != 0) {
+        free(p->send_comms);
+        free(p);
+        return;
+    }
+    char name[16];
+    snprintf(name, sizeof(name), "NCCL Progress%2d", c->cudaDev % 100);
+    pthread_setname_np(p->th, name);
+    c->proxy = p;
+}
+
+static void proxy_stop(ncclComm_t c) {
+    struct proxy *p = c->proxy;
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_signal(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    pthread_join(p->th, NULL);
+    /* p stays allocated: stream work already enqueued may still hand it sends (dropped) */
+}
+
 /* ---- communicators -------------------------------------------------------------------------- */
 
 struct join_ctx {
@@ -323,6 +551,7 @@ static ncclResult_t comm_open(uint64_t hash, int nranks, int rank, ncclComm_t *o
     h->comm_hash = hash;
     h->nranks = (uint32_t)nranks;
     __atomic_store_n(&h->global_rank[rank], g_global_rank, __ATOMIC_RELEASE);
+    __atomic_store_n(&h->host[rank], g_host_hash, __ATOMIC_RELEASE);
     __atomic_store_n(&h->pid[rank], (int32_t)getpid(), __ATOMIC_RELEASE);
     __atomic_add_fetch(&h->joined, 1, __ATOMIC_ACQ_REL);
     post(h);
@@ -341,6 +570,10 @@ static ncclResult_t comm_open(uint64_t hash, int nranks, int rank, ncclComm_t *o
     c->shm_size = size;
     c->sendCount = calloc((size_t)nranks, sizeof(uint64_t));
     c->recvCount = calloc((size_t)nranks, sizeof(uint64_t));
+    c->truth = calloc(TRUTH_RING, sizeof(struct coll_truth));
+    for (int r = 0; r < nranks; r++)
+        if (__atomic_load_n(&h->host[r], __ATOMIC_ACQUIRE) != g_host_hash) c->spansHosts = 1;
+    if (c->spansHosts) proxy_start(c);
     *out = c;
     return ncclSuccess;
 }
@@ -426,6 +659,7 @@ API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     if (!valid(comm)) return ncclInvalidArgument;
     struct shm_hdr *h = comm->shm;
     comm->magic = 0;
+    proxy_stop(comm);
     uint32_t left = __atomic_add_fetch(&h->left, 1, __ATOMIC_ACQ_REL);
     if (left >= h->nranks) shm_unlink(comm->shm_name);
     /* The mapping stays: stream work already enqueued may still reference it. */
@@ -489,6 +723,7 @@ struct task {
     int op, peer;
     uint64_t seq, bytes;
     int64_t dur;
+    const char *buf; /* the rank's send buffer (never dereferenced) */
 };
 
 /* Alpha-beta cost of an operation over the ring of the communicator's ranks. */
@@ -535,21 +770,110 @@ static int all_matched(void *p) {
     return 1;
 }
 
-static int64_t task_end(struct task *t) {
+/* The data movement of a matched operation: it starts once every member arrived. */
+static void task_window(struct task *t, int64_t *start, int64_t *dur) {
     struct shm_hdr *h = t->comm->shm;
     if (t->op == OP_SEND || t->op == OP_RECV) {
         struct p2p_slot *s = t->op == OP_SEND ? p2p_slot(h, t->comm->rank, t->peer, t->seq)
                                               : p2p_slot(h, t->peer, t->comm->rank, t->seq);
-        return (s->s_ready > s->r_ready ? s->s_ready : s->r_ready) + (s->s_dur > s->r_dur ? s->s_dur : s->r_dur);
+        *start = s->s_ready > s->r_ready ? s->s_ready : s->r_ready;
+        *dur = s->s_dur > s->r_dur ? s->s_dur : s->r_dur;
+        return;
     }
-    int64_t ready = 0, dur = 0;
+    *start = *dur = 0;
     for (int r = 0; r < t->comm->nRanks; r++) {
         struct coll_slot *s = coll_slot(h, t->seq, r);
-        if (s->ready > ready) ready = s->ready;
-        if (s->dur > dur) dur = s->dur;
+        if (s->ready > *start) *start = s->ready;
+        if (s->dur > *dur) *dur = s->dur;
     }
-    return ready + dur;
 }
+
+static int64_t task_end(struct task *t) {
+    int64_t start, dur;
+    task_window(t, &start, &dur);
+    return start + dur;
+}
+
+/* Network sends of an operation on a communicator that spans hosts: the ring steps of a
+ * collective (2(n-1) for an all-reduce, n-1 for an all-gather or reduce-scatter, the pipelined
+ * slices of a broadcast or reduce), two for a send to a peer on another host, none else. */
+static int net_steps(struct task *t, int *peer, int *size) {
+    ncclComm_t c = t->comm;
+    struct proxy *p = c->proxy;
+    int n = c->nRanks, steps;
+    uint64_t chunk;
+    if (!p || n < 2) return 0;
+    *peer = p->ring_peer;
+    switch (t->op) {
+    case OP_ALLREDUCE: steps = 2 * (n - 1), chunk = t->bytes / (uint64_t)n; break;
+    case OP_ALLGATHER:
+    case OP_REDUCESCATTER: steps = n - 1, chunk = t->bytes; break;
+    case OP_BROADCAST:
+    case OP_REDUCE:
+        steps = (int)((t->bytes + NET_CHUNK - 1) / NET_CHUNK);
+        steps = steps < 2 ? 2 : steps > 8 ? 8 : steps;
+        chunk = t->bytes / (uint64_t)steps;
+        break;
+    case OP_SEND:
+        if (c->shm->host[t->peer] == c->shm->host[c->rank]) return 0;
+        *peer = t->peer, steps = 2, chunk = t->bytes / 2;
+        break;
+    default: return 0;
+    }
+    *size = chunk < 1 ? 1 : chunk > INT_MAX ? INT_MAX : (int)chunk;
+    return steps > NET_MAX_STEPS ? NET_MAX_STEPS : steps;
+}
+
+static int is_coll(int op) { return op != OP_SEND && op != OP_RECV; }
+
+/* This rank's stream reached the operation at `ready`: note it, and hand the first send to the
+ * proxy (the rank's own data need not wait for its peers). */
+static void on_arrival(struct task *t, int64_t ready) {
+    ncclComm_t c = t->comm;
+    if (is_coll(t->op) && c->truth) {
+        struct coll_truth *ct = &c->truth[t->seq % TRUTH_RING];
+        __atomic_store_n(&ct->seq1, 0, __ATOMIC_RELEASE);
+        ct->first_send_ns = 0;
+        ct->arrive_ns = ready + (realtime_ns() - argusSimNow());
+        __atomic_store_n(&ct->seq1, t->seq + 1, __ATOMIC_RELEASE);
+    }
+    int peer, size;
+    if (net_steps(t, &peer, &size) < 1) return;
+    struct send_item it = {.due = ready, .seq = t->seq, .data = t->buf, .peer = peer, .size = size,
+                           .step = 0, .coll = is_coll(t->op)};
+    proxy_push(c->proxy, &it, 1);
+}
+
+/* Every member arrived: the remaining sends, spaced over the modelled transfer. */
+static void on_matched(struct task *t) {
+    int peer, size, steps = net_steps(t, &peer, &size);
+    if (steps < 2) return;
+    int64_t start, dur;
+    task_window(t, &start, &dur);
+    struct send_item items[NET_MAX_STEPS];
+    for (int i = 1; i < steps; i++) {
+        int n = t->comm->nRanks;
+        items[i - 1] = (struct send_item){.due = start + dur * i / steps, .seq = t->seq,
+                                          .data = t->buf + (uint64_t)(i % n) * (uint64_t)size,
+                                          .peer = peer, .size = size, .step = i, .coll = is_coll(t->op)};
+    }
+    proxy_push(t->comm->proxy, items, steps - 1);
+}
+
+/* Sim-only, for the trainer's ground truth: when this rank's stream reached collective `seq` of
+ * `comm` and when its proxy first sent for it (CLOCK_REALTIME ns; 0: no send yet, or the
+ * communicator stays on one host). 0 when known, -1 when not (not reached, or too old). */
+API int argusSimCollTimes(ncclComm_t comm, uint64_t seq, int64_t *arrive_ns, int64_t *first_send_ns) {
+    if (!valid(comm) || !comm->truth || !arrive_ns || !first_send_ns) return -1;
+    struct coll_truth *ct = &comm->truth[seq % TRUTH_RING];
+    if (__atomic_load_n(&ct->seq1, __ATOMIC_ACQUIRE) != seq + 1) return -1;
+    *arrive_ns = ct->arrive_ns;
+    *first_send_ns = __atomic_load_n(&ct->first_send_ns, __ATOMIC_ACQUIRE);
+    return 0;
+}
+
+/* Sim-only: 1 when the communicator's members sit on more than one simulated host. */
+API int argusSimCommSpansHosts(ncclComm_t comm) { return valid(comm) ? comm->spansHosts : -1; }
 
 struct batch {
     int n;
@@ -586,6 +910,7 @@ static int64_t run_batch(void *arg, int64_t ready, int *failed) {
             s->op = t->op;
             __atomic_store_n(&s->seq1, t->seq + 1, __ATOMIC_RELEASE);
         }
+        on_arrival(t, ready);
         post(h);
     }
     int64_t end = ready;
@@ -596,6 +921,7 @@ static int64_t run_batch(void *arg, int64_t ready, int *failed) {
             *failed = 1;
             return end;
         }
+        on_matched(t);
         int64_t e = task_end(t);
         if (e > end) end = e;
     }
@@ -614,7 +940,8 @@ static ncclResult_t submit(struct task **tasks, int n, cudaStream_t stream) {
     return ncclSuccess;
 }
 
-static ncclResult_t issue(int op, size_t count, ncclDataType_t dt, int peer, ncclComm_t comm, cudaStream_t stream) {
+static ncclResult_t issue(int op, const void *buf, size_t count, ncclDataType_t dt, int peer, ncclComm_t comm,
+                          cudaStream_t stream) {
     if (!valid(comm)) return ncclInvalidArgument;
     size_t sz = dtype_size(dt);
     if (sz == 0) return ncclInvalidArgument;
@@ -627,6 +954,7 @@ static ncclResult_t issue(int op, size_t count, ncclDataType_t dt, int peer, ncc
     t->op = op;
     t->peer = peer;
     t->bytes = (uint64_t)count * sz;
+    t->buf = buf;
     if (op == OP_SEND) t->seq = comm->sendCount[peer]++;
     else if (op == OP_RECV) t->seq = comm->recvCount[peer]++;
     else t->seq = comm->collOpCount++;
@@ -647,45 +975,44 @@ static ncclResult_t issue(int op, size_t count, ncclDataType_t dt, int peer, ncc
 API ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     if (!sendbuff || !recvbuff || op < 0 || op >= ncclNumOps) return ncclInvalidArgument;
-    return issue(OP_ALLREDUCE, count, datatype, 0, comm, stream);
+    return issue(OP_ALLREDUCE, sendbuff, count, datatype, 0, comm, stream);
 }
 
 API ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
                                ncclComm_t comm, cudaStream_t stream) {
-    (void)sendbuff;
     if (!recvbuff) return ncclInvalidArgument;
-    return issue(OP_BROADCAST, count, datatype, root, comm, stream);
+    return issue(OP_BROADCAST, sendbuff ? sendbuff : recvbuff, count, datatype, root, comm, stream);
 }
 
 API ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
                             ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
     (void)recvbuff;
     if (!sendbuff || op < 0 || op >= ncclNumOps) return ncclInvalidArgument;
-    return issue(OP_REDUCE, count, datatype, root, comm, stream);
+    return issue(OP_REDUCE, sendbuff, count, datatype, root, comm, stream);
 }
 
 API ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
                                ncclComm_t comm, cudaStream_t stream) {
     if (!sendbuff || !recvbuff) return ncclInvalidArgument;
-    return issue(OP_ALLGATHER, sendcount, datatype, 0, comm, stream);
+    return issue(OP_ALLGATHER, sendbuff, sendcount, datatype, 0, comm, stream);
 }
 
 API ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
                                    ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     if (!sendbuff || !recvbuff || op < 0 || op >= ncclNumOps) return ncclInvalidArgument;
-    return issue(OP_REDUCESCATTER, recvcount, datatype, 0, comm, stream);
+    return issue(OP_REDUCESCATTER, sendbuff, recvcount, datatype, 0, comm, stream);
 }
 
 API ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                           cudaStream_t stream) {
     if (!sendbuff) return ncclInvalidArgument;
-    return issue(OP_SEND, count, datatype, peer, comm, stream);
+    return issue(OP_SEND, sendbuff, count, datatype, peer, comm, stream);
 }
 
 API ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                           cudaStream_t stream) {
     if (!recvbuff) return ncclInvalidArgument;
-    return issue(OP_RECV, count, datatype, peer, comm, stream);
+    return issue(OP_RECV, recvbuff, count, datatype, peer, comm, stream);
 }
 
 API ncclResult_t ncclGroupStart(void) {
