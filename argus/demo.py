@@ -192,7 +192,9 @@ def demo_cmd(
         url = redis_url or start_redis(ps, workdir)
         spec = f"straggler:rank={straggler},factor={factor},from_step={onset}"
         job = SimJob(
-            SimConfig(ranks=ranks, steps=steps, injects=[spec], gate=True, run_dir=str(workdir / "job"))
+            SimConfig(
+                timers=True, ranks=ranks, steps=steps, injects=[spec], gate=True, run_dir=str(workdir / "job")
+            )
         )
         name = f"sim-{job.run_id}"
         click.echo(

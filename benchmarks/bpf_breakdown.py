@@ -95,12 +95,21 @@ def window_truth(job: SimJob, t0_ns: int, t1_ns: int) -> Tuple[float, float, Dic
 
 
 def measure(
-    ranks: int, seconds: float, probe_args: List[str], preset: str = "default", layout: str = "dp"
+    ranks: int,
+    seconds: float,
+    probe_args: List[str],
+    preset: str = "default",
+    layout: str = "dp",
+    ranks_per_host: int = 8,
 ) -> Breakdown:
     """Run the simulated job under `argus probe PROBE_ARGS` and read the kernel's accounting of
     every program the probe loaded over `seconds` of steady steps."""
     steps = int(8 + seconds / 0.15) + 20
-    job = SimJob(SimConfig(ranks=ranks, steps=steps, preset=preset, layout=layout, gate=True))
+    job = SimJob(
+        SimConfig(
+            ranks=ranks, steps=steps, preset=preset, layout=layout, gate=True, ranks_per_host=ranks_per_host
+        )
+    )
     # The uprobes sit on the library file and fire in every process that maps it (the programs
     # then drop other processes): a build of the simulated libraries of its own keeps another
     # simulated job on this machine (a test beside) out of the counts.
@@ -176,16 +185,23 @@ def main() -> int:
     ap.add_argument(
         "--layout", choices=list(LAYOUTS), help="the job's layout (default: tp-dp for heavy and tp, else dp)"
     )
+    ap.add_argument(
+        "--ranks-per-host",
+        type=int,
+        default=8,
+        help="simulated hosts of this many ranks (fewer than --ranks: the proxy's network sends fire)",
+    )
     a = ap.parse_args(argv)
     if not need_root("bpf_breakdown"):
         return 3
     ranks, seconds = (2, 1.0) if a.quick else (a.ranks, a.seconds)
     layout = a.layout or ("tp-dp" if a.preset in ("heavy", "tp") else "dp")
-    b = measure(ranks, seconds, probe_args, a.preset, layout)
+    b = measure(ranks, seconds, probe_args, a.preset, layout, a.ranks_per_host)
     rows, step_s = b.rows, b.step_s
     print(f"{machine()}\n")
     print(
-        f"# BPF run time per rank-step: simulated job, {ranks} ranks, {a.preset} preset ({layout}), "
+        f"# BPF run time per rank-step: simulated job, {ranks} ranks ({a.ranks_per_host} per host), "
+        f"{a.preset} preset ({layout}), "
         f"`argus probe {' '.join(probe_args) or '(defaults)'}`, {seconds:g} s at "
         f"{step_s * 1e3:.0f} ms steps ({b.rank_steps:.1f} rank-steps)\n"
     )

@@ -1,7 +1,9 @@
 """Two independent families of stand-in libraries behind one small interface, for tests and
 benchmarks that must pass on both: the project's simulator (argus/sim: asynchronous collectives,
-CUDA-event timers, symbols) and the second stand-ins (tests/standins: blocking collectives, their
-own ncclComm layout, stripped, no events). Nothing in the tracer or aggregator knows either.
+here with Megatron-style CUDA-event timers unless `timers=False`, symbols) and the second
+stand-ins (tests/standins: blocking collectives, their own ncclComm layout, stripped, no events;
+`variant="async"`: enqueued collectives, events, two hosts). Nothing in the tracer or aggregator
+knows either.
 
     job = start_job("standins", ranks=8, steps=200, layout="pp-dp", injects=["slow_link:ranks=2-3,factor=4"])
     step_times(job)   # rank -> [(trainer step, start, end)], CLOCK_MONOTONIC ns
@@ -35,11 +37,11 @@ def start_job(
     if family == "sim":
         from argus.sim.launcher import SimConfig, SimJob
 
+        extra = {"timers": True, "preset": "small", **extra}  # the "sim" family: a Megatron-style job
         cfg = SimConfig(
             ranks=ranks,
             steps=steps,
             layout=layout,
-            preset="small",
             injects=injects,
             run_dir=run_dir,
             gate=gate,

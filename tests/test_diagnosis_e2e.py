@@ -60,7 +60,13 @@ def test_fault_is_named_within_three_steps(
     _id, layout, steps, inject, kind, ranks = case
     c = collect_steps(
         SimConfig(
-            ranks=8, steps=steps, layout=layout, preset="small", injects=[inject], run_dir=str(tmp_path)
+            timers=True,
+            ranks=8,
+            steps=steps,
+            layout=layout,
+            preset="small",
+            injects=[inject],
+            run_dir=str(tmp_path),
         )
     )
     _k, truth_ranks, start = onset(c.truth)
@@ -88,7 +94,14 @@ def test_fault_is_named_within_three_steps(
 
 def test_hang_names_the_missing_rank_and_sequence(tmp_path: Path) -> None:
     c = collect_with_heartbeats(
-        SimConfig(ranks=8, steps=40, preset="small", injects=["hang:rank=6,step=12"], run_dir=str(tmp_path)),
+        SimConfig(
+            timers=True,
+            ranks=8,
+            steps=40,
+            preset="small",
+            injects=["hang:rank=6,step=12"],
+            run_dir=str(tmp_path),
+        ),
         hold_s=4.0,
     )
     assert c.truth["faults"][0].get("hang"), "the injected hang did not happen"
@@ -114,7 +127,9 @@ def test_clean_run_raises_no_alert(layout: str, steps: int, tmp_path: Path) -> N
     """No alert names a rank; a job-level step-time alert only where the job's own clock (the
     trainer's step records) slowed as much: on this shared 2-core VM the whole job sometimes does
     slow down (CPU steal), and saying so is right."""
-    c = collect_steps(SimConfig(ranks=8, steps=steps, layout=layout, preset="small", run_dir=str(tmp_path)))
+    c = collect_steps(
+        SimConfig(timers=True, ranks=8, steps=steps, layout=layout, preset="small", run_dir=str(tmp_path))
+    )
     eng, fired = feed(c)
     assert eng.stats.steps_judged >= steps - 3
     ev = json.dumps([a.evidence for a, _ in fired], default=str)

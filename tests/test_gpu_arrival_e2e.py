@@ -38,6 +38,9 @@ def judge(c: Collected) -> Tuple[Engine, List[Tuple[Alert, Optional[int]]]]:
 # (id, family, config, evidence source the alert must cite)
 Case = Tuple[str, str, Dict[str, Any], str]
 NAMED: List[Case] = [
+    # the simulator as a stock PyTorch job (its default): 2 hosts, the proxy's local ncclNetSocketIsend
+    ("sim_net", "sim", {"timers": False, "ranks_per_host": 4}, "first network send"),
+    ("sim_timing", "sim", {"timers": False, "nccl_timing": True}, "in-collective GPU times"),
     ("standins_net", "standins", {"variant": "async"}, "first network send"),
     (
         "standins_timing",
@@ -51,9 +54,10 @@ NAMED: List[Case] = [
 @pytest.mark.parametrize("case", NAMED, ids=[c[0] for c in NAMED])
 def test_a_gpu_straggler_is_named_without_timers(case: Case) -> None:
     _id, fam, extra, source = case
-    c = collect_late(fam, 8, 250, "dp", ["straggler:rank=3,factor=1.3"], 10, 10, **extra)
+    steps, at = (600, 40) if fam == "sim" else (250, 10)
+    c = collect_late(fam, 8, steps, "dp", ["straggler:rank=3,factor=1.3"], at, 10, **extra)
     assert any(rs.gpu_arrival is not None for rs in c.steps), "no GPU-arrival evidence in the summaries"
-    eng, fired = judge(c)
+    _eng, fired = judge(c)
     got = [(a.kind, a.ranks, s) for a, s in fired]
     named = [(a, s) for a, s in fired if a.ranks]
     assert named, f"nobody named: {got}"

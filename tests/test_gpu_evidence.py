@@ -31,6 +31,7 @@ def test_a_throttled_gpu_is_said_in_the_straggler_alert_and_in_top(tmp_path: Pat
         "FAKE_NVML_THROTTLED": "3",
     }
     cfg = SimConfig(
+        timers=True,
         ranks=8,
         steps=22,
         preset="small",

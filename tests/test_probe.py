@@ -31,7 +31,9 @@ def test_probe_matches_what_the_trainer_issued(tmp_path: Path) -> None:
     """4 ranks, probe attached before the first CUDA call: every count is exact; launches in the
     steps the launch probes covered (they come and go: --launch-steps 2/5)."""
     job, probe = probed_run(
-        SimConfig(ranks=4, steps=80, preset="small", run_dir=str(tmp_path)), "--launch-steps", "2/5"
+        SimConfig(timers=True, ranks=4, steps=80, preset="small", run_dir=str(tmp_path)),
+        "--launch-steps",
+        "2/5",
     )
     got = by_rank_step(probe.steps())
     assert set(got) == {0, 1, 2, 3}
@@ -95,7 +97,7 @@ def test_attach_mid_run_still_identifies_communicators_and_aligns(tmp_path: Path
     from argus.schema import from_probe
 
     job = SimJob(
-        SimConfig(ranks=4, steps=1000, layout="tp-dp", preset="small", run_dir=str(tmp_path))
+        SimConfig(timers=True, ranks=4, steps=1000, layout="tp-dp", preset="small", run_dir=str(tmp_path))
     ).start()
     try:
         wait_steps(job, 10)
@@ -153,7 +155,7 @@ def test_attaching_writes_nothing_into_the_process_and_leaves_room_for_other_tra
     """Debian's bcc passes a garbage ref_ctr_offset to the kernel unless Argus routes the call
     (argus.agent.bpfprog.fix_uprobe_abi): the kernel then increments a 'semaphore' inside every
     mapping of the library (the ELF header) and refuses other tools' uprobes at the same address."""
-    job = SimJob(SimConfig(ranks=2, steps=1000, preset="small", run_dir=str(tmp_path))).start()
+    job = SimJob(SimConfig(timers=True, ranks=2, steps=1000, preset="small", run_dir=str(tmp_path))).start()
     try:
         wait_steps(job, 5)
         pid = next(iter(job.pids.values()))
@@ -187,7 +189,7 @@ def test_attaching_writes_nothing_into_the_process_and_leaves_room_for_other_tra
 
 def test_pipeline_point_to_point_and_groups(tmp_path: Path) -> None:
     job, probe = probed_run(
-        SimConfig(ranks=4, steps=8, layout="pp-dp", preset="small", run_dir=str(tmp_path))
+        SimConfig(timers=True, ranks=4, steps=8, layout="pp-dp", preset="small", run_dir=str(tmp_path))
     )
     got = by_rank_step(probe.steps())
     for rank in range(4):
@@ -200,8 +202,12 @@ def test_pipeline_point_to_point_and_groups(tmp_path: Path) -> None:
 
 
 def test_agent_survives_a_target_exiting(tmp_path: Path) -> None:
-    short = SimJob(SimConfig(ranks=1, steps=300, preset="small", run_dir=str(tmp_path / "a"))).start()
-    long = SimJob(SimConfig(ranks=1, steps=900, preset="small", run_dir=str(tmp_path / "b"))).start()
+    short = SimJob(
+        SimConfig(timers=True, ranks=1, steps=300, preset="small", run_dir=str(tmp_path / "a"))
+    ).start()
+    long = SimJob(
+        SimConfig(timers=True, ranks=1, steps=900, preset="small", run_dir=str(tmp_path / "b"))
+    ).start()
     try:
         wait_steps(short, 1)
         wait_steps(long, 1)
@@ -221,7 +227,7 @@ def test_agent_survives_a_target_exiting(tmp_path: Path) -> None:
 
 
 def test_sigterm_detaches_cleanly_and_flushes(tmp_path: Path) -> None:
-    job = SimJob(SimConfig(ranks=2, steps=500, preset="small", run_dir=str(tmp_path))).start()
+    job = SimJob(SimConfig(timers=True, ranks=2, steps=500, preset="small", run_dir=str(tmp_path))).start()
     try:
         wait_steps(job, 2)
         probe = ProbeProc(job.pids.values())
@@ -240,7 +246,7 @@ def test_sigterm_detaches_cleanly_and_flushes(tmp_path: Path) -> None:
 def test_quiet_prints_no_table_for_services(tmp_path: Path) -> None:
     """Off a terminal the rank table is printed every interval (a service's log would fill with it):
     --quiet prints none; notices still go to stderr."""
-    job = SimJob(SimConfig(ranks=1, steps=600, preset="small", run_dir=str(tmp_path))).start()
+    job = SimJob(SimConfig(timers=True, ranks=1, steps=600, preset="small", run_dir=str(tmp_path))).start()
     try:
         wait_steps(job, 2)
         pid = str(job.pids[0])
@@ -255,7 +261,7 @@ def test_quiet_prints_no_table_for_services(tmp_path: Path) -> None:
 
 def test_drops_are_counted_and_explained(tmp_path: Path) -> None:
     _job, probe = probed_run(
-        SimConfig(ranks=2, steps=12, layout="tp-dp", preset="heavy", run_dir=str(tmp_path)),
+        SimConfig(timers=True, ranks=2, steps=12, layout="tp-dp", preset="heavy", run_dir=str(tmp_path)),
         "--ringbuf-pages",
         "1",
     )
@@ -368,7 +374,7 @@ def test_missing_bcc_and_headers_are_environment_errors(monkeypatch: pytest.Monk
 
 
 def test_sigint_exit_code(tmp_path: Path) -> None:
-    job = SimJob(SimConfig(ranks=1, steps=100, preset="small", run_dir=str(tmp_path))).start()
+    job = SimJob(SimConfig(timers=True, ranks=1, steps=100, preset="small", run_dir=str(tmp_path))).start()
     try:
         wait_steps(job, 2)
         probe = ProbeProc(job.pids.values())
@@ -387,7 +393,8 @@ def test_tensor_parallel_rates_lose_nothing_with_the_defaults(tmp_path: Path) ->
     collectives in the bursts between drains, and with them every step boundary (no summary but
     each rank's tail)."""
     _job, probe = probed_run(
-        SimConfig(ranks=8, steps=8, layout="tp-dp", preset="tp", run_dir=str(tmp_path)), "--quiet"
+        SimConfig(timers=True, ranks=8, steps=8, layout="tp-dp", preset="tp", run_dir=str(tmp_path)),
+        "--quiet",
     )
     assert "dropped records" not in probe.stderr and "WARNING" not in probe.stderr, probe.stderr[-2000:]
     steps = [d for d in probe.steps() if d.get("step") is not None]

@@ -120,6 +120,7 @@ def test_unsupported_interpreters_are_refused_with_the_range() -> None:
 
 def test_simulated_trainer_phases_host_stall_and_gc(tmp_path: Path) -> None:
     cfg = SimConfig(
+        timers=True,
         ranks=2,
         steps=40,
         preset="small",
@@ -186,7 +187,11 @@ def test_channels_switch_off_and_processes_exit_cleanly(tmp_path: Path) -> None:
         ("", "host_cpu", "python"),
     ):
         cfg = SimConfig(
-            ranks=2, steps=12, preset="small", run_dir=str(tmp_path / (off.replace(" ", "") or "default"))
+            timers=True,
+            ranks=2,
+            steps=12,
+            preset="small",
+            run_dir=str(tmp_path / (off.replace(" ", "") or "default")),
         )
         _job, probe = probed_run(cfg, *off.split())  # asserts the probe exits 0
         steps = [d for d in probe.steps() if d.get("step") is not None]
@@ -227,7 +232,7 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Tuple[Dict[int, int],
     come from cuModuleGetFunction): the ranks' pids, and the trace."""
     tmp_path = tmp_path_factory.mktemp("record")
     job = SimJob(
-        SimConfig(ranks=2, steps=500, preset="small", run_dir=str(tmp_path / "sim"), gate=True)
+        SimConfig(timers=True, ranks=2, steps=500, preset="small", run_dir=str(tmp_path / "sim"), gate=True)
     ).start()
     out = tmp_path / "trace.json"
     rec = None

@@ -93,7 +93,7 @@ def test_bad_inject_is_a_usage_error_not_a_traceback() -> None:
 
 
 def run_job(**kw: object) -> SimJob:
-    job = SimJob(SimConfig(**kw))  # type: ignore[arg-type]
+    job = SimJob(SimConfig(**{"timers": True, **kw}))  # type: ignore[arg-type]
     job.start()
     job.wait()
     return job

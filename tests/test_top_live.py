@@ -40,6 +40,7 @@ def live_job(redis_url: str, redis_client: Any, tmp_path: Path) -> Iterator[Tupl
     """8 ranks, rank 3 1.5× slower from step ONSET; agent and aggregator publishing to Redis."""
     job = SimJob(
         SimConfig(
+            timers=True,
             ranks=8,
             steps=400,
             injects=[f"straggler:rank=3,factor=1.5,from_step={ONSET}"],

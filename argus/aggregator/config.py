@@ -107,6 +107,9 @@ class Thresholds:
     #: last (everyone finishes together; a collective's own time varies by a few percent)
     gpu_time_tol_ns: int = 50_000
     gpu_time_tol_rel: float = 0.05
+    #: ... over the times read for the last this many steps (a watchdog reads them at its own period,
+    #: 100 ms in PyTorch: a step shorter than that has reads for some ranks and not others)
+    gpu_coll_steps: int = 3
     #: ... and a rank is flagged only when its GPU lateness is at least max(abs, share x the median
     #: step). The lateness seen is at the first inter-host collective (network sends) or a median
     #: over the step's collectives: a part of what the rank costs the step, which grows by its

@@ -143,6 +143,9 @@ class GpuArrivals:
         # issued another number of collectives on a communicator than its peers is not matched
         # instance by instance
         self.prev: Tuple[int, Dict[int, RankStep]] = (-1, {})
+        # (comm, rank) -> (step, in-collective GPU times read for it): a watchdog reads them at its own
+        # period (PyTorch's: 100 ms), often not in every step, so a verdict takes the recent ones
+        self.coll_recent: Dict[Tuple[str, int], Deque[Tuple[int, List[int]]]] = {}
 
     # ---- judging ----------------------------------------------------------------------------------
 
@@ -253,7 +256,7 @@ class GpuArrivals:
             if len(members) < th.min_group or any(r not in ranks for r in members):
                 continue  # a member without a summary this step may be the last
             self._bounds(c, members, got, prev, pair, rec, widths, take, inst)
-            self._coll(c, members, got, rec, take)
+            self._coll(c, members, got, rec, take, e)
         if widths:
             rec.bound_width_ns = median(widths)
 
@@ -324,15 +327,21 @@ class GpuArrivals:
         inst[r] = (len(vals), compared)
 
     def _coll(
-        self, c: str, members: List[int], got: Dict[int, GpuArrival], rec: StepEvidence, take: Any
+        self, c: str, members: List[int], got: Dict[int, GpuArrival], rec: StepEvidence, take: Any, step: int
     ) -> None:
         th = self.th
         meds: Dict[int, float] = {}
         for r in members:
             ga = got.get(r)
+            q = self.coll_recent.get((c, r))
+            if q is None:
+                q = self.coll_recent[(c, r)] = deque(maxlen=th.gpu_coll_steps)
             ts = ga.coll_gpu_ns.get(c) if ga is not None else None
             if ts:
-                meds[r] = median(ts)
+                q.append((step, ts))
+            recent = [t for s, v in q if step - th.gpu_coll_steps < s <= step for t in v]
+            if recent:
+                meds[r] = median(recent)
         if len(meds) < len(members):
             return
         rec.coll = True

@@ -127,10 +127,10 @@ def _host_names(text: str) -> List[str]:
 )
 @click.option(
     "--timers/--no-timers",
-    default=True,
+    default=False,
     show_default=True,
     help="Megatron-style CUDA-event timers (forward, backward, optimizer, grad_sync) read with "
-    "cuEventElapsedTime; --no-timers: a stock PyTorch DDP job, no timers.",
+    "cuEventElapsedTime; without (the default): a stock PyTorch DDP job, no timers.",
 )
 @click.option(
     "--nccl-timing",
@@ -172,7 +172,7 @@ def run_cmd(
       argus sim run --layout tp-dp --preset heavy --steps 20
       argus sim run --layout tp-dp --preset tp --steps 5
       argus sim run --inject slow_link:ranks=2-3,factor=4 --json-steps steps.json
-      argus sim run --ranks 8 --ranks-per-host 4 --no-timers --nccl-timing
+      argus sim run --ranks 8 --ranks-per-host 4 --nccl-timing
       ARGUS_SIM_NET=ib argus sim run --ranks 8 --ranks-per-host 4   # the IB plugin's sends
     """
     cfg = SimConfig(

@@ -62,8 +62,9 @@ class SimConfig:
     #: names of the simulated hosts in order (ranks_per_host ranks each); node-<i> past the list
     host_names: List[str] = field(default_factory=list)
     #: Megatron-style CUDA-event timers (forward, backward, optimizer, grad_sync) read with
-    #: cuEventElapsedTime; without them the job is a stock PyTorch DDP job as far as CUDA sees
-    timers: bool = True
+    #: cuEventElapsedTime; without them (the default) the job is a stock PyTorch DDP job as far as
+    #: CUDA sees
+    timers: bool = False
     #: TORCH_NCCL_ENABLE_TIMING=1 in every rank's environment: ProcessGroupNCCL's start events and
     #: its watchdog's cuEventElapsedTime reads
     nccl_timing: bool = False

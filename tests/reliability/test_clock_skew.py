@@ -77,6 +77,7 @@ def test_clean_skewed_job_raises_nothing_and_small_offsets_are_left_alone() -> N
 def _run(tmp: Path, redis_url: str, skew_ms: int, inject: Optional[str]) -> Dict[str, Any]:
     """The 8-rank job probed by one agent per host, node-1's skewed; `argus diagnose --redis --json`."""
     cfg = SimConfig(
+        timers=True,
         ranks=8,
         steps=100,
         preset="small",
