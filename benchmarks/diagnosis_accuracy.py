@@ -53,6 +53,9 @@ PARAMS: Dict[str, Dict[str, Any]] = {
 # one kind of GPU-arrival evidence (docs/diagnosis.md); the table's `evidence` column says what the
 # alert used. name -> (family, its config's extra fields)
 VARIANTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
+    "sim-net": ("sim", {"timers": False, "ranks_per_host": 4}),
+    "sim-timing": ("sim", {"timers": False, "nccl_timing": True}),
+    "sim-none": ("sim", {"timers": False}),
     "standins-async-net": ("standins", {"variant": "async"}),
     "standins-async-timing": ("standins", {"variant": "async", "ranks_per_host": 8, "nccl_timing": True}),
     "standins-async-none": ("standins", {"variant": "async", "ranks_per_host": 8}),
