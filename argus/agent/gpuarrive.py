@@ -189,15 +189,32 @@ class GpuArrival:
             i = index.get(id(c))
             if i is None:
                 continue
-            lo, lo_src = c.enter_ns, "h"
-            for m in c.waits:  # the stream cannot start it before the marks it waits for are passed
-                v = _lookup_lo(lo_tab.get(m.stream), m.pos)
+            if c.waits:
+                # the collective waits for marks of other streams (PyTorch: the compute stream's
+                # event before it): when the GPU's compute got there, however long the NCCL stream
+                # was still busy with the collective before, is the arrival that names a straggler
+                lo, lo_src = max(m.ts for m in c.waits), "h"
+                hi, hi_src = 0, "-"
+                for m in c.waits:
+                    v = _lookup_lo(lo_tab.get(m.stream), m.pos)
+                    if v > lo:
+                        lo, lo_src = v, "q"
+                    h, h_src = _lookup_passed(hi_tab.get(m.stream), m.pos)
+                    if not h:  # one mark not known passed: nothing bounds them all
+                        hi, hi_src = 0, "-"
+                        break
+                    if h > hi:
+                        hi, hi_src = h, h_src
+                # the NCCL stream reaching the collective implies all of them passed
+                h, h_src = _lookup_hi(hi_tab.get(c.stream), c.pos, c.after)
+                if h and (not hi or h < hi):
+                    hi, hi_src = h, h_src
+            else:
+                lo, lo_src = c.enter_ns, "h"
+                v = _lookup_lo(lo_tab.get(c.stream), c.pos - 1)
                 if v > lo:
                     lo, lo_src = v, "q"
-            v = _lookup_lo(lo_tab.get(c.stream), c.pos - 1)
-            if v > lo:
-                lo, lo_src = v, "q"
-            hi, hi_src = _lookup_hi(hi_tab.get(c.stream), c.pos, c.after)
+                hi, hi_src = _lookup_hi(hi_tab.get(c.stream), c.pos, c.after)
             if hi and hi < lo:  # clocks of one host: cannot be; keep what is certain
                 hi, hi_src = 0, "-"
             bounds.setdefault(c.comm, []).append([i, lo, hi, lo_src + hi_src])
@@ -283,6 +300,17 @@ def _lookup_lo(tab: Optional[Tuple[List[int], List[int]]], p: int) -> int:
     pos, val = tab
     k = bisect.bisect_right(pos, p) - 1
     return val[k] if k >= 0 else 0
+
+
+def _lookup_passed(tab: Optional[_Table], p: int) -> Tuple[int, str]:
+    """Earliest time the GPU had surely passed the mark at position p (a mark at or after it passed)."""
+    if not tab:
+        return 0, "-"
+    pos, val, src, _own = tab
+    k = bisect.bisect_left(pos, p)
+    if k < len(pos) and val[k]:
+        return val[k], src[k]
+    return 0, "-"
 
 
 def _lookup_hi(tab: Optional[_Table], cpos: int, after: int) -> Tuple[int, str]:
