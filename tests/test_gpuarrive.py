@@ -120,3 +120,12 @@ def test_elapsed_over_several_collectives_stays_a_timer() -> None:
     collective(g, 200, 1, timing=False)
     g.on_event_record(0x52, N, 300)
     assert not g.on_elapsed(0x51, 0x52, 5, 0)
+
+
+def test_a_stream_that_only_waits_keeps_a_bounded_list() -> None:
+    """DDP's compute stream waits for every bucket's end event and runs no collective itself."""
+    g = GpuArrival()
+    for k in range(10_000):
+        g.on_event_record(0x9000 + k % 50, N, k)
+        g.on_stream_wait(C, 0x9000 + k % 50)
+    assert len(g.waits[C]) <= 64

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 MAX_MARKS = 8192  # per stream: a few steps' worth at PyTorch's rates
+MAX_WAITS = 64  # marks a stream waits for before its next collective
 NEVER = 1 << 63
 
 
@@ -104,7 +105,10 @@ class GpuArrival:
         self.barrier[stream] = self._pos(stream)
         m = self.event_mark.get(event)
         if m is not None and m.stream != stream:
-            self.waits.setdefault(stream, []).append(m)
+            w = self.waits.setdefault(stream, [])
+            w.append(m)
+            if len(w) > MAX_WAITS:  # a stream that waits and runs no collective (DDP's compute stream)
+                del w[: len(w) - MAX_WAITS]
 
     def on_event_done(self, event: int, not_ready_ns: int, ts: int) -> None:
         m = self.event_mark.get(event)
