@@ -31,6 +31,7 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 
 MAX_MARKS = 8192  # per stream: a few steps' worth at PyTorch's rates
 MAX_WAITS = 64  # marks a stream waits for before its next collective
+MAX_EVENTS = 65536  # events remembered (PyTorch reuses a few hundred)
 NEVER = 1 << 63
 
 
@@ -177,6 +178,8 @@ class GpuArrival:
         for q in self.marks.values():
             while q and q[0].ts < start_ns:
                 q.popleft()
+        if len(self.event_mark) > MAX_EVENTS:  # a framework that creates events instead of reusing them
+            self.event_mark = {e: m for e, m in self.event_mark.items() if m.ts >= start_ns}
         # what no step will claim: older epochs
         low = min(epochs, default=0)
         for d in (self.colls, self.net, self.coll_gpu):
