@@ -98,17 +98,22 @@ def test_pgnccl_timing_two_hosts_straggler(tmp_path: Path) -> None:
 
 
 def test_pgnccl_default_two_hosts(tmp_path: Path) -> None:
-    """The defaults (timers on, no TORCH_NCCL_ENABLE_TIMING) on 2 hosts: the same ground truth, the
-    Megatron timers as before, no watchdog timings."""
+    """The defaults (a stock PyTorch job: no timers, no TORCH_NCCL_ENABLE_TIMING) on 2 hosts: the
+    same ground truth, no Megatron timers, no watchdog timings; `timers=True` brings the timers back."""
     job = run_job(SimConfig(ranks=8, steps=4, preset="small", ranks_per_host=4, run_dir=str(tmp_path)))
     check_arrivals(job, spans=True)
     for rs in job.ranks.values():
-        assert rs.meta is not None and rs.meta["nccl_timing"] is False and rs.meta["timers"] is True
+        assert rs.meta is not None and rs.meta["nccl_timing"] is False and rs.meta["timers"] is False
         for rec in rs.records:
-            assert set(rec["timers_ms"]) == {"forward", "backward", "optimizer", "grad_sync"}
+            assert not rec["timers_ms"]
             assert "pg_elapsed_ms" not in rec
             # the watchdog's and the allocator's polls of events not done yet, counted per step
             assert rec["errors"]["cuEventQuery:600"] >= 1
+    job = run_job(SimConfig(ranks=2, steps=3, preset="small", timers=True, run_dir=str(tmp_path / "timers")))
+    for rs in job.ranks.values():
+        assert rs.meta is not None and rs.meta["timers"] is True
+        for rec in rs.records:
+            assert set(rec["timers_ms"]) == {"forward", "backward", "optimizer", "grad_sync"}
 
 
 def test_cli_nccl_timing_one_host(tmp_path: Path) -> None:
