@@ -364,34 +364,34 @@ static volatile uint64_t g_socket_isends, g_ib_isends;
  * out). NVIDIA's libnccl has ncclNetSocketIsend and ncclIbIsend as local symbols (.symtab, not
  * .dynsym): so here. noipa keeps them out of line, unspecialised and unmerged, so a probe on
  * their address sees every send with its real arguments. */
-static __attribute__((noinline, noipa, used)) ncclResult_t ncclNetSocketIsend(void *sendComm, void *data, int size,
-                                                                             int tag, void *mhandle,
-                                                                             void **request) {
+/* What both plugins' isend do: take the next request slot of the connection and fill it. */
+static struct net_request *post_send(void *sendComm, void *data, int size, int tag, void *mhandle,
+                                     volatile uint64_t *counter) {
     struct net_send_comm *sc = sendComm;
-    if (!sc || !request || size < 0) return ncclInternalError;
     struct net_request *r = &sc->reqs[sc->posted++ % NET_REQS];
     r->send_comm = sendComm;
     r->data = data;
     r->size = size;
     r->tag = tag;
     r->mhandle = mhandle;
-    r->id = __atomic_add_fetch(&g_socket_isends, 1, __ATOMIC_RELAXED);
-    *request = r;
+    r->id = __atomic_add_fetch(counter, 1, __ATOMIC_RELAXED);
+    return r;
+}
+
+static __attribute__((noinline, noipa, used)) ncclResult_t ncclNetSocketIsend(void *sendComm, void *data, int size,
+                                                                             int tag, void *mhandle,
+                                                                             void **request) {
+    if (!sendComm || !request || size < 0) return ncclInternalError;
+    *request = post_send(sendComm, data, size, tag, mhandle, &g_socket_isends);
     return ncclSuccess;
 }
 
 static __attribute__((noinline, noipa, used)) ncclResult_t ncclIbIsend(void *sendComm, void *data, int size, int tag,
                                                                       void *mhandle, void **request) {
+    if (!sendComm || !request || size < 0) return ncclInternalError;
+    struct net_request *r = post_send(sendComm, data, size, tag, mhandle, &g_ib_isends);
     struct net_send_comm *sc = sendComm;
-    if (!sc || !request || size < 0) return ncclInternalError;
-    struct net_request *r = &sc->reqs[sc->posted++ % NET_REQS];
-    r->send_comm = sendComm;
-    r->data = data;
-    r->size = size;
-    r->tag = tag;
-    r->mhandle = mhandle;
     r->key = (uint64_t)(uintptr_t)mhandle ^ ((uint64_t)(unsigned)sc->peer_global << 32); /* the "lkey" */
-    r->id = __atomic_add_fetch(&g_ib_isends, 1, __ATOMIC_RELAXED);
     *request = r;
     return ncclSuccess;
 }
