@@ -561,6 +561,8 @@ static ncclResult_t comm_open(uint64_t hash, int nranks, int rank, ncclComm_t *o
         free(c);
         return ncclRemoteError;
     }
+    /* Every member has it mapped now: the name can go, so a killed job leaves nothing in /dev/shm. */
+    shm_unlink(c->shm_name);
     c->magic = COMM_MAGIC;
     c->commHash = hash;
     c->rank = rank;
