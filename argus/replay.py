@@ -21,7 +21,6 @@ import click
 
 from argus import redisconf, wire
 from argus.errors import BadData, RedisUnavailable, UsageError
-from argus.kde import compress
 
 # (name, launches per layer per step): long, realistic names (interning matters for the budget)
 from argus.rediskeys import K_JOBS
@@ -61,13 +60,13 @@ class ReplayStats:
     sizes: List[int] = field(default_factory=list)
 
 
-def _variants(rng: random.Random, n: int, k: int, median: float, sigma: float) -> List[Tuple[List[int], Any]]:
+def _variants(rng: random.Random, n: int, k: int, median: float, sigma: float) -> List[List[int]]:
     out = []
     for _ in range(n):
         xs = [max(1, round(rng.lognormvariate(math.log(median), sigma))) for _ in range(k)]
         if rng.random() < 0.3:  # an occasional slow enqueue (allocator, lock): a second mode
             xs[rng.randrange(k)] *= 12
-        out.append((xs, compress([float(x) for x in xs])))
+        out.append(xs)
     return out
 
 
@@ -97,7 +96,6 @@ def synthetic_steps(
         raise ValueError("ranks must be >= 1 and steps >= 0")
     rng = random.Random(seed)
     pool = _variants(rng, 32, collectives, 2_000.0, 0.25)
-    launch_pool = [compress([rng.lognormvariate(math.log(1_500), 0.15) for _ in range(64)]) for _ in range(8)]
     comm = f"{zlib.crc32(job.encode()):08x}{zlib.crc32(b'dp' + job.encode()):08x}"
     kernels = {name: FIXED.get(i, per * layers) for i, (name, per) in enumerate(KERNELS)}
     launches = sum(kernels.values())
@@ -116,7 +114,7 @@ def synthetic_steps(
             start = t + int(abs(rng.gauss(0.0, 3_000.0)))
             fwd, bwd, opt = 0.30 * step_ns * f, 0.55 * step_ns * f, 0.03 * step_ns * f
             data = 0.05 * step_ns
-            host_ns, clusters = pool[(r * 7 + s) % len(pool)]
+            host_ns = pool[(r * 7 + s) % len(pool)]
             arrive = [
                 start + int(data + fwd + (k + 1) / collectives * bwd + abs(rng.gauss(0.0, jitter_us * 1e3)))
                 for k in range(collectives)
@@ -131,7 +129,6 @@ def synthetic_steps(
                 nbytes=[25_165_824] * collectives,
                 arrive_ns=arrive,
                 host_ns=list(host_ns),
-                host_clusters={"AllReduce": list(clusters)},
             )
             wait = max(0, duration - int(data) - int(0.04 * step_ns))
             yield RankStep(
@@ -158,7 +155,6 @@ def synthetic_steps(
                 },
                 launches=launches,
                 kernels=dict(kernels),
-                launch_api_ns=list(launch_pool[(r + s) % len(launch_pool)]),
                 memcpy={"HtoD": (1, 8 << 20), "DtoH": (1, 4)},
                 comms={comm: c},
             )

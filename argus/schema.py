@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from argus.gpu import compact as gpu_compact
-from argus.kde import Cluster, compress
 
 SCHEMA_VERSION = 1
 OPS: Tuple[str, ...] = ("AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter", "Send", "Recv")
@@ -51,8 +50,6 @@ class CommStep:
     arrive_ns: List[int] = field(default_factory=list)  # realtime ns of arrival at each collective
     host_ns: List[int] = field(default_factory=list)
     p2p: List[P2POp] = field(default_factory=list)
-    # host time per op class, compressed (the paper's KDE clusters)
-    host_clusters: Dict[str, List[Cluster]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -100,7 +97,6 @@ class RankStep:
     launches: int = 0
     launches_sampled: bool = True  # False: the launch probes did not cover this step (--launch-steps)
     kernels: Dict[str, int] = field(default_factory=dict)  # kernel name (or fn@0x..) -> launches
-    launch_api_ns: List[Cluster] = field(default_factory=list)  # host time of the launch call
     memcpy: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # kind -> (count, bytes)
     errors: Dict[str, Dict[int, int]] = field(default_factory=dict)  # call -> result -> count
     comms: Dict[str, CommStep] = field(default_factory=dict)
@@ -121,39 +117,6 @@ class RankStep:
     @property
     def end_ns(self) -> int:
         return self.start_ns + self.duration_ns
-
-
-def _clusters_from_log2_hist(hist: Dict[str, int]) -> List[Cluster]:
-    """Launch-call latency arrives as a log2 histogram (kept in BPF). A KDE over bucket midpoints adds
-    nothing, so each run of non-empty buckets becomes one cluster (count, p50, p99), interpolated
-    geometrically within buckets: O(buckets), cheap enough for every rank-step."""
-    buckets = sorted((int(k), int(v)) for k, v in hist.items() if int(v) > 0)
-    runs: List[List[Tuple[int, int]]] = []
-    for b, n in buckets:
-        if runs and b == runs[-1][-1][0] + 1:
-            runs[-1].append((b, n))
-        else:
-            runs.append([(b, n)])
-    out = []
-    for run in runs:
-        total = sum(n for _, n in run)
-
-        def q(frac: float, run: List[Tuple[int, int]] = run, total: int = total) -> float:
-            want, seen = frac * total, 0
-            for b, n in run:
-                if seen + n >= want:
-                    return float(2.0 ** (b + (want - seen) / n))
-                seen += n
-            return float(2.0 ** (run[-1][0] + 1))
-
-        out.append(Cluster(total, q(0.5), q(0.99)))
-    return out
-
-
-# Per-instance host times ship quantised (2% error, 1-2 bytes each); measured on the simulated job,
-# KDE clusters of these small groups reconstruct with 26-28% W1 error and cost 3 ms of agent CPU
-# per group, so clusters are only computed for groups too large to ship one by one.
-MIN_CLUSTER_SAMPLES = 1024
 
 
 # What a hostile or broken `argus probe --json` line can make json.loads/from_probe raise: every
@@ -215,12 +178,6 @@ def from_probe(d: dict) -> RankStep:
         c.nbytes = [c.nbytes[i] for i in order]
         c.arrive_ns = [c.arrive_ns[i] for i in order]
         c.host_ns = [c.host_ns[i] for i in order]
-        by_op: Dict[str, List[float]] = {}
-        for op, h in zip(c.ops, c.host_ns):
-            by_op.setdefault(op, []).append(float(h))
-        for p in c.p2p:
-            by_op.setdefault(p.op, []).append(float(p.host_ns))
-        c.host_clusters = {op: compress(v) for op, v in by_op.items() if len(v) > MIN_CLUSTER_SAMPLES}
     errors: Dict[str, Dict[int, int]] = {}
     for section in ("cuda", "cudart", "nccl"):
         for call, codes in d.get(section, {}).get("errors", {}).items():
@@ -245,7 +202,6 @@ def from_probe(d: dict) -> RankStep:
         launches=int(launches.get("total", 0)),
         launches_sampled=bool(launches.get("sampled", True)),
         kernels={k: int(v) for k, v in launches.get("by_kernel", {}).items()},
-        launch_api_ns=_clusters_from_log2_hist(launches.get("api_ns_log2_hist", {})),
         memcpy={k: (int(v["count"]), int(v["bytes"])) for k, v in cuda.get("memcpy", {}).items()},
         errors=errors,
         comms=comms,

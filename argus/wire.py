@@ -15,7 +15,9 @@ What is quantised (everything else round-trips exactly):
   (absolute error ≤ 500 ns, no accumulation: the offsets are rounded before the deltas are taken);
 * per-instance host time of a collective or p2p call: ``round(16·log2 ns)`` (relative error
   ≤ 2**(1/32) − 1 ≈ 2.2 %; values below 1 ns decode as 1 ns);
-* KDE clusters (``host_clusters``, ``launch_api_ns``): `argus.kde.quantize` (≤ 0.034 % relative).
+
+Retired keys (``hc``, host-time KDE clusters per op; ``la``, launch-call latency clusters) are
+accepted from older agents and dropped: nothing read them.
 
 Kernel names are interned as their CRC-32 (`name_id`); the id → name table lives in the
 ``argus:{JOB}:names`` hash (argus.transport writes it before the first entry that uses an id).
@@ -31,7 +33,6 @@ from typing import Any, Collection, Dict, List, Mapping, Optional, Set
 
 import msgpack
 
-from argus.kde import Cluster, dequantize, quantize
 from argus.schema import OPS, P2P, CommStep, GpuArrival, Heartbeat, InFlight, P2POp, RankStep
 from argus.validate import (
     MAX_MAP,
@@ -58,7 +59,6 @@ MAX_ENTRY_BYTES = 256 * 1024  # hard cap of one encoded entry (the budget is 2.7
 MAX_NAME = 4096  # kernel names (mangled C++ templates are long)
 MAX_COMMS = 512
 MAX_INSTANCES = 65536  # collectives (or p2p calls) per communicator per step
-MAX_CLUSTERS = 64
 MAX_GPU_KEYS = 32
 HOST_SCALE = 16  # per-instance host time: round(16·log2 ns)
 HOST_REL_ERROR = 2.0 ** (1.0 / (2 * HOST_SCALE)) - 1.0
@@ -75,12 +75,12 @@ STEP_FIELDS = {
     "local_rank": "lr", "world_size": "w", "step_source": "ss", "clock_offset_ns": "co",
     "clock_uncertainty_ns": "cu", "sync_count": "sc", "sync_wait_ns": "sw", "phases": "ph",
     "phase_stream": "ps", "py_phases": "pp", "launches": "l", "launches_sampled": "lu", "kernels": "k/kx",
-    "launch_api_ns": "la", "memcpy": "mc", "errors": "e", "comms": "c", "drops": "dr", "version": "v",
+    "memcpy": "mc", "errors": "e", "comms": "c", "drops": "dr", "version": "v",
     "gpu": "g", "gpu_arrival": "ga",
 }  # fmt: skip
 COMM_FIELDS = {
     "comm": "id", "nranks": "n", "rank": "r", "identity": "i", "seqs": "s0/sd", "ops": "op", "nbytes": "b",
-    "arrive_ns": "a", "host_ns": "hb/hq", "p2p": "p", "host_clusters": "hc",
+    "arrive_ns": "a", "host_ns": "hb/hq", "p2p": "p",
 }  # fmt: skip
 HEARTBEAT_FIELDS = {
     "job": "j", "agent": "a", "host": "h", "ts_ns": "ts", "ranks": "rk", "inflight": "if", "last_seq": "ls",
@@ -181,8 +181,6 @@ def _enc_comm(c: CommStep, t0: int) -> Dict[str, Any]:
     if c.p2p:
         arr = _us_deltas([p.arrive_ns for p in c.p2p], t0)
         d["p"] = [[_op_code(p.op), p.peer, p.nbytes, a, host_q(p.host_ns)] for p, a in zip(c.p2p, arr)]
-    if c.host_clusters:
-        d["hc"] = {_op_code(op): quantize(cl) for op, cl in c.host_clusters.items()}
     return d
 
 
@@ -234,8 +232,6 @@ def encode_step(rs: RankStep, inline: Collection[str] = ()) -> bytes:
         d["k"] = ids
     if extra:
         d["kx"] = extra
-    if rs.launch_api_ns:
-        d["la"] = quantize(rs.launch_api_ns)
     if rs.memcpy:
         d["mc"] = {k: [c, b] for k, (c, b) in rs.memcpy.items()}
     if rs.errors:
@@ -329,13 +325,6 @@ def _op(v: Any, what: str) -> str:
     return as_str(v, what)
 
 
-def _clusters(v: Any, what: str) -> List[Cluster]:
-    q = as_ints(v, what, 3 * MAX_CLUSTERS, (0, 1 << 62))
-    if len(q) % 3 or any(x > 65535 for x in q[1::3]) or any(x > 65535 for x in q[2::3]):
-        raise WireError("range", f"{what}: not (count, q50, dq) triples of u16 fixed point")
-    return dequantize(q)
-
-
 def _unrle(v: Any, what: str, n: int, conv: Any) -> List[Any]:
     lst = as_list(v, what, 2 * MAX_INSTANCES)
     if len(lst) % 2:
@@ -402,10 +391,6 @@ def _dec_comm(d: Any, t0: int, ignored: Optional[Set[str]]) -> CommStep:
                     host_unq(as_int(p[4], "p2p host", (0, 2048))),
                 )
             )
-    hc = d.get("hc")
-    if hc is not None:
-        for op, q in as_map(hc, "host clusters", 64).items():
-            c.host_clusters[_op(op, "cluster op")] = _clusters(q, "host clusters")
     return c
 
 
@@ -482,8 +467,6 @@ def _dec_step(
     if "kx" in d:
         for name, count in as_map(d["kx"], "inline kernels").items():
             rs.kernels[as_str(name, "kernel name", MAX_NAME)] = as_int(count, "kernel count", NONNEG)
-    if "la" in d:
-        rs.launch_api_ns = _clusters(d["la"], "launch clusters")
     if "mc" in d:
         for kind, v in as_map(d["mc"], "memcpy", 64).items():
             cb = as_ints(v, "memcpy entry", 2, NONNEG)

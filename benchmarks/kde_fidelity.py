@@ -26,7 +26,7 @@ from typing import Callable, Dict, List, Sequence, Tuple, TypeVar, Union
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from argus.kde import (
+from benchmarks.kde import (
     compress,
     dequantize,
     empirical_quantile,

@@ -38,7 +38,10 @@ import msgpack
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from argus import wire
-from argus.kde import (
+from argus.probes.records import RecElapsed, RecEventRecord, RecHdr, RecNccl, RecSync
+from argus.rediskeys import k_names, k_steps
+from argus.sim.launcher import SimConfig, SimJob
+from benchmarks.kde import (
     compress,
     empirical_quantile,
     hist_quantile,
@@ -48,9 +51,6 @@ from argus.kde import (
     quantize,
     to_mixture,
 )
-from argus.probes.records import RecElapsed, RecEventRecord, RecHdr, RecNccl, RecSync
-from argus.rediskeys import k_names, k_steps
-from argus.sim.launcher import SimConfig, SimJob
 from tests.redisproc import RedisProc
 
 BUDGET = 2700

@@ -1,4 +1,4 @@
-"""Unit tests for argus.kde: KDE-valley compression, log-normal mixtures, W1, wire encoding, log2 hist."""
+"""Unit tests for benchmarks/kde.py (the paper's KDE compression, kept for the size and fidelity benchmarks): KDE-valley compression, log-normal mixtures, W1, wire encoding, log2 hist."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from argus.kde import (
+from benchmarks.kde import (
     QUANT_REL_ERROR,
     Z99,
     Cluster,

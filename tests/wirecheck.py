@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from typing import List
-
-from argus.kde import QUANT_REL_ERROR, Cluster
 from argus.schema import RankStep
 from argus.wire import ARRIVAL_ABS_ERROR_NS, HOST_REL_ERROR
 
@@ -19,19 +16,10 @@ def _host_close(got: int, want: int) -> bool:
     return abs(got - max(want, 1)) <= HOST_REL_ERROR * max(want, 1) + 1
 
 
-def _clusters_close(got: List[Cluster], want: List[Cluster]) -> None:
-    assert len(got) == len(want), (got, want)
-    for g, w in zip(got, want):
-        assert g.count == w.count
-        for a, b in ((g.p50, max(w.p50, 1.0)), (g.p99, max(w.p99, w.p50, 1.0))):
-            assert abs(a - b) <= QUANT_REL_ERROR * b * 1.0001, (g, w)
-
-
 def assert_equivalent(got: RankStep, want: RankStep) -> None:
     """`got` (decoded) equals `want` (original) up to the quantisation documented in argus.wire."""
     for name in EXACT:
         assert getattr(got, name) == getattr(want, name), (name, getattr(got, name), getattr(want, name))
-    _clusters_close(got.launch_api_ns, want.launch_api_ns)
     assert got.comms.keys() == want.comms.keys()
     for cid, w in want.comms.items():
         g = got.comms[cid]
@@ -45,9 +33,6 @@ def assert_equivalent(got: RankStep, want: RankStep) -> None:
             assert (gp.op, gp.peer, gp.nbytes) == (wp.op, wp.peer, wp.nbytes)
             assert abs(gp.arrive_ns - wp.arrive_ns) <= ARRIVAL_ABS_ERROR_NS
             assert _host_close(gp.host_ns, wp.host_ns)
-        assert g.host_clusters.keys() == w.host_clusters.keys()
-        for op, cl in w.host_clusters.items():
-            _clusters_close(g.host_clusters[op], cl)
     _gpu_arrival_close(got, want)
 
 

@@ -21,7 +21,7 @@ def median_sorted(s: Sequence[float]) -> float:
 
 
 def quantile_sorted(s: Sequence[float], q: float) -> float:
-    """Linear-interpolation quantile of a sorted non-empty sequence (type 7, as argus.kde)."""
+    """Linear-interpolation quantile of a sorted non-empty sequence (type 7)."""
     pos = q * (len(s) - 1)
     i = int(pos)
     frac = pos - i
@@ -38,7 +38,7 @@ def mad(xs: Sequence[float]) -> float:
 
 def w1_sorted(a: Sequence[float], b: Sequence[float], points: int = 32) -> float:
     """Wasserstein-1 between two empirical distributions given as sorted lists: the mean absolute
-    difference of their quantile functions on a midpoint grid (equal-weight, like argus.kde)."""
+    difference of their quantile functions on a midpoint grid (equal-weight)."""
     total = 0.0
     for k in range(points):
         q = (k + 0.5) / points
