@@ -57,7 +57,7 @@ def _straggler(n: int, steps: int) -> Straggler:
 
 
 def engine_only(n: int, steps: int) -> Dict[str, Any]:
-    from argus.aggregator.service import tune_gc
+    from argus.gctune import tune_gc
 
     tune_gc()  # as `argus aggregate` does
     eng = Engine()
@@ -119,7 +119,8 @@ def start_redis() -> tuple:
 def aggregate_child(url: str, job: str, total: int, consumer: str, idle_s: float) -> Dict[str, Any]:
     """One aggregator process: consume until `total` entries were taken by the group (or idle)."""
     from argus import redisconf
-    from argus.aggregator.service import Aggregator, tune_gc
+    from argus.aggregator.service import Aggregator
+    from argus.gctune import tune_gc
 
     tune_gc()  # as `argus aggregate` does
     client = redisconf.parse(url).client(timeout_s=10)

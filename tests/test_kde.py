@@ -1,4 +1,5 @@
-"""Unit tests for benchmarks/kde.py (the paper's KDE compression, kept for the size and fidelity benchmarks): KDE-valley compression, log-normal mixtures, W1, wire encoding, log2 hist."""
+"""Unit tests for benchmarks/kde.py (the paper's KDE compression, kept for the size and fidelity
+benchmarks): KDE-valley compression, log-normal mixtures, W1, wire encoding, log2 hist."""
 
 from __future__ import annotations
 

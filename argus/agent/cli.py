@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import click
 
-from argus import redisconf
+from argus import gctune, redisconf
 from argus.agent import bpfprog, discover, identity, launchwin, privs, pyopts
 from argus.agent import session as sess
 from argus.agent.redisout import RedisOut
@@ -395,6 +395,8 @@ class Prober:
             self._drop_capabilities()  # before any thread of ours starts: capabilities are per thread
             if self.redis is not None:
                 self.redis.start()  # unreachable Redis: a warning from its thread, and retries
+            gctune.tune_gc()
+            gctune.freeze_startup()
             return self._loop(s)
         except KeyboardInterrupt:
             return 0

@@ -228,7 +228,8 @@ def aggregate_cmd(
     """
     import signal
 
-    from argus.aggregator.service import Aggregator, tune_gc
+    from argus.aggregator.service import Aggregator
+    from argus.gctune import tune_gc
 
     tune_gc()
     try:

@@ -23,7 +23,6 @@ it, claims every entry still pending on the old leader, reloads the alert book, 
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import socket
@@ -44,14 +43,6 @@ _RENEW = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then "
     "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
 )
-
-
-def tune_gc() -> None:
-    """For a long-running aggregator process: the engine's state is tens of thousands of small
-    containers per step at 10,000 ranks, which makes CPython's default cyclic-GC cadence (every 700
-    allocations) rescan a large heap over and over (~30% of the CPU at 10,000 ranks). Reference
-    counting frees the engine's garbage; the cyclic collector only needs to run now and then."""
-    gc.set_threshold(100_000, 50, 100)
 
 
 def alert_json(a: Alert) -> bytes:
