@@ -9,7 +9,9 @@ the directory).
 Two variants, built from their own sources into their own directories: "blocking" (cuda.c,
 nccl.c: blocking collectives, no events; <cache>/<key>) and "async" (cuda_async.c, nccl_async.c:
 collectives enqueued on streams, CUDA events, a network proxy calling ncclIbIsend;
-<cache>/async-<key>). Both are built with the same flags.
+<cache>/async-<key>). Both are built with the same flags, and both include the shared headers
+csrc/*.h (common.h, cuda_common*.h, nccl_common*.h: what the variants have in common), which every
+key hashes too.
 """
 
 from __future__ import annotations
@@ -71,9 +73,14 @@ def _libs(variant: str) -> Dict[str, str]:
     return VARIANT_LIBS[variant]
 
 
+def headers() -> List[Path]:
+    """The headers the sources include (csrc/*.h, shared by both variants)."""
+    return sorted(CSRC.glob("*.h"))
+
+
 def build_key(cc: Optional[str] = None, variant: str = "blocking") -> str:
-    """The cache directory's name: a hash of the sources, flags and compiler (for "async",
-    prefixed "async-" and the variant hashed in)."""
+    """The cache directory's name: a hash of the sources and headers, flags and compiler (for
+    "async", prefixed "async-" and the variant hashed in)."""
     libs = _libs(variant)
     cc = cc or compiler()
     h = hashlib.sha256()
@@ -84,6 +91,8 @@ def build_key(cc: Optional[str] = None, variant: str = "blocking") -> str:
         h.update(f"variant={variant}".encode() + b"\0")
     for name, src in sorted(libs.items()):
         h.update(name.encode() + b"\0" + (CSRC / src).read_bytes() + b"\0")
+    for hdr in headers():
+        h.update(hdr.name.encode() + b"\0" + hdr.read_bytes() + b"\0")
     key = h.hexdigest()[:16]
     return key if variant == "blocking" else f"{variant}-{key}"
 
