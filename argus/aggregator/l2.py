@@ -339,7 +339,8 @@ class L2:
         of their last `persist_n` steps: the same symptom again, not noise hitting a rank in a
         different phase each step. While the group's baselines are `young` (the first steps after
         attaching: its noise is barely known), in every one of the last `persist_n` — except the
-        lowest wait in a blocking call, which needs no learnt baseline (`wait_order_ratio`).
+        lowest wait in a blocking call (`wait_order_ratio`) and a GPU surely last (its own error
+        bounds and margins, argus/aggregator/gpuarrival.py), which need no learnt baseline.
         Host-bound reasons need `host_persist_k` of `host_persist_n`: a GPU phase whose deviation is
         the host's own time, and — with `async_comm`, where the host runs ahead of the GPU — host
         lateness."""
@@ -351,7 +352,7 @@ class L2:
             hs = list(self.hshare[r])
             steps = list(h)
             for why in h[-1]:
-                k = th.persist_n if young and why != LOW_WAIT else th.persist_k
+                k = th.persist_n if young and why not in (LOW_WAIT, GPU_ARRIVAL) else th.persist_k
                 recent = [i for i in range(max(0, len(steps) - th.persist_n), len(steps)) if why in steps[i]]
                 if len(recent) < k:
                     continue
