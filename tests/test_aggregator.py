@@ -8,12 +8,12 @@ from typing import List, Optional, Set, Tuple
 
 import pytest
 
-from argus.aggregator import l1
+from argus.aggregator import steptime
 from argus.aggregator.alerts import AlertBook, Finding, alert_id, to_alertmanager
 from argus.aggregator.config import PhaseInfo, Thresholds
+from argus.aggregator.diagnose import report_data, report_text
 from argus.aggregator.engine import Engine, JsonlSource
 from argus.aggregator.hang import HangWatch
-from argus.aggregator.report import report_data, report_text
 from argus.aggregator.robust import Noise, median, w1_sorted
 from argus.aggregator.state import Aligner, Groups
 from argus.schema import Heartbeat, InFlight, RankStep
@@ -81,13 +81,13 @@ def test_aligner_orders_waits_and_drops_late() -> None:
 def test_l1_spike_and_change_point() -> None:
     th = Thresholds()
     ms = 1e6
-    assert l1.spike([100 * ms] * 16, 250 * ms, th) == pytest.approx(2.5)
-    assert l1.spike([100 * ms] * 16, 150 * ms, th) is None
-    assert l1.spike([40 * ms] * 16, 90 * ms, th) is None  # 2.25x but only 50 ms: a scheduling hiccup
+    assert steptime.spike([100 * ms] * 16, 250 * ms, th) == pytest.approx(2.5)
+    assert steptime.spike([100 * ms] * 16, 150 * ms, th) is None
+    assert steptime.spike([40 * ms] * 16, 90 * ms, th) is None  # 2.25x but only 50 ms: a scheduling hiccup
     xs = [100.0 + (i % 3) for i in range(20)] + [140.0 + (i % 3) for i in range(10)]
-    cp = l1.change_point(xs, th)
+    cp = steptime.change_point(xs, th)
     assert cp is not None and cp[0] == 20 and cp[1] == pytest.approx(1.39, abs=0.02)
-    assert l1.change_point([100.0 + (i % 5) for i in range(32)], th) is None
+    assert steptime.change_point([100.0 + (i % 5) for i in range(32)], th) is None
 
 
 # ---- the levels on whole (synthetic) jobs -----------------------------------------------------------

@@ -10,7 +10,7 @@ step *end times* (realtime, with the agent's clock offset applied) against the j
 at every step; collective instances are numbered by their order within the step
 (`step * POSITIONS + i`). What does not fit is said, never guessed: a rank whose step ends do not
 line up within the tolerance, or whose clocks are too uncertain, stays out of the judgement, and
-an instance whose count differs between ranks is not matched (argus.aggregator.l2).
+an instance whose count differs between ranks is not matched (argus.aggregator.ranks).
 
 Communicators: a key every rank shares (commHash read through a validated layout, or the unique
 id's hash when the agent saw the creation) identifies a communicator across ranks as it is. A key

@@ -9,8 +9,8 @@ from typing import Any, Iterable, Iterator, List, Optional, Tuple
 import click
 
 from argus.aggregator.config import PhaseInfo, Thresholds
+from argus.aggregator.diagnose import report_data, report_text
 from argus.aggregator.engine import Engine, Item, JsonlSource
-from argus.aggregator.report import report_data, report_text
 from argus.errors import UsageError
 from argus.schema import Heartbeat
 

@@ -11,7 +11,7 @@ job's majority.
 
 For a blocking communicator the time each rank's host spent *inside* its calls is its wait for
 the others, and becomes a phase of the step (`wait:coll`, `wait:p2p`) with the role of a
-communication phase (argus.aggregator.l2): its lowest value is the rank the others waited for, its
+communication phase (argus.aggregator.ranks): its lowest value is the rank the others waited for, its
 high values are victims, never causes.
 """
 

@@ -23,14 +23,14 @@ from argus.aggregator.align import POSITIONS, JobAlign
 from argus.aggregator.clocks import HostClocks
 from argus.aggregator.commmode import CommModes
 from argus.aggregator.config import PhaseInfo, Thresholds
+from argus.aggregator.distributions import L3
 from argus.aggregator.explain import Explainer
 from argus.aggregator.gpuarrival import GpuArrivals
 from argus.aggregator.hang import HangWatch
-from argus.aggregator.l1 import L1, L1Finding
-from argus.aggregator.l2 import HOST_PHASES, L2, link_peers, name_culprits
-from argus.aggregator.l3 import L3
+from argus.aggregator.ranks import HOST_PHASES, L2, link_peers, name_culprits
 from argus.aggregator.robust import median
 from argus.aggregator.state import Aligner, Frame, Groups
+from argus.aggregator.steptime import L1, L1Finding
 from argus.errors import BadData
 from argus.gpu import trouble
 from argus.schema import PARSE_ERRORS, Heartbeat, InFlight, RankStep, from_probe, parse_line

@@ -9,13 +9,13 @@ from argus.aggregator.alerts import Finding
 from argus.aggregator.align import POSITIONS, JobAlign
 from argus.aggregator.commmode import WAIT_P2P, CommModes
 from argus.aggregator.config import PhaseInfo
+from argus.aggregator.distributions import Drift, Shift
 from argus.aggregator.gpuarrival import GpuArrivals, sources_text
 from argus.aggregator.hang import HangFinding
-from argus.aggregator.l1 import L1Finding
-from argus.aggregator.l2 import L2, Culprit, RankFlag
-from argus.aggregator.l3 import Drift, Shift
+from argus.aggregator.ranks import L2, Culprit, RankFlag
 from argus.aggregator.robust import median
 from argus.aggregator.state import JOB_GROUP, Groups
+from argus.aggregator.steptime import L1Finding
 
 
 def _position(pos: Optional[int]) -> Optional[Dict[str, int]]:

@@ -2,7 +2,7 @@
 
 Under NCCL's enqueue-and-return semantics every rank's host enters the collectives at about the
 same time, so host arrival cannot tell which GPU came last; without the framework's timers
-(`timer<k>`, argus.aggregator.l2) nothing else in a summary could. The agents now send, one step
+(`timer<k>`, argus.aggregator.ranks) nothing else in a summary could. The agents now send, one step
 late (`RankStep.gpu_arrival`: an event's completion is seen at the next query), three kinds of
 evidence, each with what it can prove (docs/diagnosis.md "Which GPU arrived last"):
 

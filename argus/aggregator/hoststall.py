@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from argus.aggregator.config import Thresholds
-from argus.aggregator.l2 import RankFlag, own_host
+from argus.aggregator.ranks import RankFlag, own_host
 from argus.aggregator.robust import median
 from argus.schema import RankStep
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from argus.aggregator.align import JobAlign
-from argus.aggregator.l2 import arrival_lateness
+from argus.aggregator.ranks import arrival_lateness
 from argus.aggregator.state import Groups
 from argus.schema import RankStep
 from argus.tui.snapshot import bucket_phases

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Deque, Dict, List, Optional, Tuple
 
 from argus.aggregator.align import JobAlign
-from argus.aggregator.l2 import arrival_lateness
+from argus.aggregator.ranks import arrival_lateness
 from argus.aggregator.state import Groups
 from argus.gpu import BENIGN_REASONS, throttle_names
 from argus.schema import RankStep

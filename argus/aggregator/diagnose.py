@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from argus.aggregator.alerts import Alert
 from argus.aggregator.engine import Engine, JobDiag
 from argus.aggregator.explain import ranks_text
-from argus.aggregator.l1 import L1Finding
+from argus.aggregator.steptime import L1Finding
 
 ORDER = {"critical": 0, "warning": 1, "info": 2}
 NEXT_STEP = {
