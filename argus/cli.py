@@ -25,15 +25,15 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 #: (module, its attribute, the command's name), in the order they are registered
 COMMANDS: Tuple[Tuple[str, str, str], ...] = (
     ("argus.doctor", "doctor_cmd", "doctor"),
-    ("argus.sim.cli", "sim_group", "sim"),
+    ("argus.sim.commands", "sim_group", "sim"),
     ("argus.tui.top", "top_cmd", "top"),
     ("argus.tui.commands", "report_cmd", "report"),
-    ("argus.tui.commands", "export_prometheus_cmd", "export-prometheus"),
+    ("argus.exporter.command", "export_prometheus_cmd", "export-prometheus"),
     ("argus.demo", "demo_cmd", "demo"),
     ("argus.replay", "replay_cmd", "replay"),
-    ("argus.aggregator.cli", "diagnose_cmd", "diagnose"),
-    ("argus.aggregator.cli", "aggregate_cmd", "aggregate"),
-    ("argus.aggregator.cli", "alerts_cmd", "alerts"),
+    ("argus.aggregator.commands", "diagnose_cmd", "diagnose"),
+    ("argus.aggregator.commands", "aggregate_cmd", "aggregate"),
+    ("argus.aggregator.commands", "alerts_cmd", "alerts"),
     ("argus.agent.cli", "probe_cmd", "probe"),
     ("argus.agent.record", "record_cmd", "record"),
 )

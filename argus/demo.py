@@ -303,8 +303,8 @@ def _tui(job: SimJob, url: str, name: str, ranks: int) -> None:
     from rich.console import Console
     from rich.live import Live
 
+    from argus.tui.draw import ViewOptions, render
     from argus.tui.feed import Feed
-    from argus.tui.render import ViewOptions, render
     from argus.tui.top import connect
 
     feed = Feed(connect(url), name, expected=ranks)

@@ -14,9 +14,9 @@ import pytest
 from argus import wire
 from argus.aggregator.config import PhaseInfo
 from argus.aggregator.engine import Engine
+from argus.exporter.prom import render_metrics
 from argus.schema import from_probe
 from argus.sim.launcher import SimConfig
-from argus.tui.prom import render_metrics
 from argus.tui.snapshot import JobView
 from tests.helpers import REPO_ROOT
 from tests.probing import probed_run

@@ -8,7 +8,7 @@ from typing import List
 from rich.console import Console
 
 from argus.schema import CommStep, RankStep
-from argus.tui.render import ViewOptions, render, sparkline
+from argus.tui.draw import ViewOptions, render, sparkline
 from argus.tui.snapshot import JobView
 
 T0 = 1_764_000_000 * 10**9
@@ -118,7 +118,7 @@ def test_prometheus_text_parses_with_histogram_and_bounded_ranks() -> None:
     closed step; the late rank has the highest lateness; --max-ranks bounds per-rank series."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from argus.tui.prom import render_metrics
+    from argus.exporter.prom import render_metrics
 
     snap = view(8, 3).snapshot()
     fams = {f.name: f for f in text_string_to_metric_families(render_metrics([snap]))}
@@ -145,7 +145,7 @@ def test_grafana_dashboard_queries_only_exported_metrics() -> None:
     import re
     from pathlib import Path
 
-    from argus.tui.prom import METRICS
+    from argus.exporter.prom import METRICS
 
     dash = json.loads(
         (Path(__file__).resolve().parents[1] / "deploy/grafana/argus-dashboard.json").read_text()

@@ -14,8 +14,8 @@ import click
 
 from argus.errors import RedisUnavailable, UsageError
 from argus.rediskeys import list_jobs
+from argus.tui.draw import ViewOptions, render
 from argus.tui.feed import Feed, detail
-from argus.tui.render import ViewOptions, render
 
 SORTS = ("late", "step", "rank")
 

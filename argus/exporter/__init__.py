@@ -1,0 +1,1 @@
+"""The Prometheus exporter: `argus export-prometheus` and its text exposition."""
