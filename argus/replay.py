@@ -1,6 +1,6 @@
 """`argus replay`: publish recorded (or synthetic) summaries to Redis, as agents would.
 
-Recorded: a JSONL file of `argus probe --json` output, converted with `argus.schema.from_probe`.
+Recorded: a JSONL file of `argus probe --json` output, read by `argus.schema.read_jsonl`.
 Synthetic: `synthetic_steps()` makes realistic RankSteps for any number of ranks (kernels, a DP
 communicator with ~24 collectives per step and arrival jitter, an optional straggler) so the
 aggregator can be driven at 1,024 or 10,000 ranks without BPF. Unlike the agent's publisher,
@@ -20,11 +20,11 @@ from typing import IO, Any, Iterable, Iterator, List, Optional, Set, Tuple
 import click
 
 from argus import redisconf, wire
-from argus.errors import BadData, RedisUnavailable, UsageError
+from argus.errors import RedisUnavailable, UsageError
 
 # (name, launches per layer per step): long, realistic names (interning matters for the budget)
 from argus.rediskeys import K_JOBS
-from argus.schema import PARSE_ERRORS, CommStep, RankStep, from_probe, parse_line
+from argus.schema import CommStep, RankStep, read_jsonl
 from argus.transport import STEPS_MAXLEN, write_names, write_steps
 
 KERNELS: List[Tuple[str, int]] = [
@@ -162,17 +162,8 @@ def synthetic_steps(
 
 
 def load_jsonl(f: IO[str], name: str = "FILE") -> Iterator[RankStep]:
-    """RankSteps from `argus probe --json` lines (blank lines skipped)."""
-    for n, line in enumerate(f, 1):
-        if not line.strip():
-            continue
-        try:
-            yield from_probe(parse_line(line))
-        except PARSE_ERRORS as e:
-            raise BadData(
-                f"{name}:{n}: not an `argus probe --json` summary ({type(e).__name__}: {e})"[:300],
-                "record it with: sudo argus probe -p PID --json > steps.jsonl",
-            ) from None
+    """The RankSteps of a recorded file (argus.schema.read_jsonl; heartbeat lines left out)."""
+    return (x for x in read_jsonl(f, name) if isinstance(x, RankStep))
 
 
 def publish_all(

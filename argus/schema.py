@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import IO, Any, Dict, Iterator, List, Optional, Tuple, Union
 
+from argus.errors import BadData
 from argus.gpu import compact as gpu_compact
 
 SCHEMA_VERSION = 1
@@ -287,3 +288,34 @@ class Heartbeat:
     # rank -> [nRanks, its rank in it] of the communicator its blocked NCCL call works on, when
     # read from the process (found on the blocked thread's stack at attach)
     inflight_comm: Dict[int, List[int]] = field(default_factory=dict)
+
+
+def heartbeat_from_json(d: Dict[str, Any]) -> Heartbeat:
+    """A heartbeat line's object (`{"heartbeat": {...}}` in a JSONL file: the fields of Heartbeat)."""
+    return Heartbeat(
+        job=str(d["job"]),
+        agent=str(d["agent"]),
+        host=str(d.get("host", "")),
+        ts_ns=int(d["ts_ns"]),
+        ranks={int(k): int(v) for k, v in d.get("ranks", {}).items()},
+        inflight=[InFlight(**f) for f in d.get("inflight", [])],
+        last_seq={int(r): {str(c): int(s) for c, s in m.items()} for r, m in d.get("last_seq", {}).items()},
+        last_step={int(k): int(v) for k, v in d.get("last_step", {}).items()},
+    )
+
+
+def read_jsonl(f: IO[str], name: str = "FILE") -> Iterator[Union[RankStep, Heartbeat]]:
+    """The one reader of recorded summaries: `argus probe --json` lines as RankSteps (a process's
+    tail, with no step number, included) and heartbeat lines as Heartbeats; blank lines skipped.
+    Anything else is one `BadData` line naming the file and line."""
+    for n, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        try:
+            d = parse_line(line)
+            yield heartbeat_from_json(d["heartbeat"]) if "heartbeat" in d else from_probe(d)
+        except PARSE_ERRORS as e:
+            raise BadData(
+                f"{name}:{n}: not an `argus probe --json` summary ({type(e).__name__}: {e})"[:300],
+                "record it with: sudo argus probe -p PID --json > steps.jsonl",
+            ) from None

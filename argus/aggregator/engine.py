@@ -31,9 +31,8 @@ from argus.aggregator.ranks import HOST_PHASES, L2, link_peers, name_culprits
 from argus.aggregator.robust import median
 from argus.aggregator.state import Aligner, Frame, Groups
 from argus.aggregator.steptime import L1, L1Finding
-from argus.errors import BadData
 from argus.gpu import trouble
-from argus.schema import PARSE_ERRORS, Heartbeat, InFlight, RankStep, from_probe, parse_line
+from argus.schema import Heartbeat, RankStep, read_jsonl
 
 Item = Union[RankStep, Heartbeat]
 STEP_KINDS = {
@@ -62,8 +61,8 @@ class StepSource(Protocol):
 
 
 class JsonlSource:
-    """`argus probe --json` lines (one RankStep each; `tail` records skipped), and heartbeat lines
-    (`{"heartbeat": {...}}`, the fields of argus.schema.Heartbeat)."""
+    """A recorded file as a source (argus.schema.read_jsonl), without the processes' tails (no step
+    number: nothing to align them with), counted in `skipped`."""
 
     def __init__(self, path: Union[str, Path]) -> None:
         self.path = Path(path)
@@ -71,36 +70,11 @@ class JsonlSource:
 
     def __iter__(self) -> Iterator[Item]:
         with open(self.path) as f:
-            for n, line in enumerate(f, 1):
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    d = parse_line(line)
-                    if "heartbeat" in d:
-                        yield heartbeat_from_json(d["heartbeat"])
-                    elif d.get("step") is None:
-                        self.skipped += 1
-                    else:
-                        yield from_probe(d)
-                except PARSE_ERRORS as e:
-                    raise BadData(
-                        f"{self.path}:{n}: not an argus probe summary ({type(e).__name__}: {e})"[:300],
-                        "give the output of `argus probe --json` (one JSON object per line)",
-                    ) from None
-
-
-def heartbeat_from_json(d: Dict[str, Any]) -> Heartbeat:
-    return Heartbeat(
-        job=str(d["job"]),
-        agent=str(d["agent"]),
-        host=str(d.get("host", "")),
-        ts_ns=int(d["ts_ns"]),
-        ranks={int(k): int(v) for k, v in d.get("ranks", {}).items()},
-        inflight=[InFlight(**f) for f in d.get("inflight", [])],
-        last_seq={int(r): {str(c): int(s) for c, s in m.items()} for r, m in d.get("last_seq", {}).items()},
-        last_step={int(k): int(v) for k, v in d.get("last_step", {}).items()},
-    )
+            for x in read_jsonl(f, str(self.path)):
+                if isinstance(x, RankStep) and x.step is None:
+                    self.skipped += 1
+                else:
+                    yield x
 
 
 @dataclass
