@@ -1,6 +1,6 @@
 """Build, check and load the BPF programs of the selected channels with bcc.
 
-One compile unit includes the channel files the user enabled (argus/bpf/cuda.bpf.c, argus/bpf/nccl.bpf.c),
+One compile unit holds the channel files the user enabled (argus/bpf/cuda.bpf.c, argus/bpf/nccl.bpf.c),
 so maps such as the per-process epoch are shared. Knobs are -D macros built by `cflags()`.
 """
 
@@ -9,11 +9,12 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import re
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, List, Sequence
+from typing import Any, Iterator, List, Sequence, Set
 
 from argus import hostfacts
 from argus.agent import privs
@@ -21,7 +22,12 @@ from argus.errors import EnvironmentProblem, PermissionDenied
 from argus.probes.base import Channel, call_cflags
 
 BPF_DIR = Path(__file__).resolve().parents[1] / "bpf"  # package data: an installed argus traces
-EARLY_SOURCES = ("python.bpf.c", "host.bpf.c")
+ALWAYS = "steps.bpf.c"  # the step marker (--step-fn), whichever channels are on
+OFFCPU = "offcpu.bpf.c"  # sched_switch: off-CPU time for these channels' stacks
+OFFCPU_FOR = ("python.bpf.c", "host.bpf.c")
+_INCLUDE = re.compile(r'\s*#\s*include\s*"([^"]+)"')
+_IF = re.compile(r"\s*#\s*if")  # #if, #ifdef, #ifndef
+_ENDIF = re.compile(r"\s*#\s*endif\b")
 
 
 @dataclass(frozen=True)
@@ -66,23 +72,59 @@ def cflags(channels: Sequence[Channel], opts: BpfOptions) -> List[str]:
 
 
 def source(channels: Sequence[Channel]) -> str:
-    """The compile unit. bcc only turns functions of the main file into programs, so the channel
-    files are pasted in (with #line, so compiler errors name the real file and line)."""
-    srcs = [c.source for c in channels]
-    # the Python and host channels first: the native channels call into them (py_native_hit),
-    # and offcpu.bpf.c (sched_switch) serves both
-    early = [s for s in srcs if s in EARLY_SOURCES]
-    if early:
-        early.append("offcpu.bpf.c")
-    parts = []
-    for name in ["argus.h", "steps.bpf.c", *early, *[s for s in srcs if s not in EARLY_SOURCES]]:
-        parts.append(f'#line 1 "{BPF_DIR / name}"\n{(BPF_DIR / name).read_text()}')
-    return "\n".join(parts)
+    """The compile unit: the enabled channels' files, steps.bpf.c and, with the Python or host
+    channel, offcpu.bpf.c, in any order. bcc makes programs only of the main file's functions and
+    rewrites map calls (`targets.lookup(...)`) only there (argus.h as a real #include fails to
+    load), so the files' `#include "..."` of argus/bpf/ files are pasted in here, each file once,
+    with #line so compiler errors name the real file and line."""
+    names = [ALWAYS, *(c.source for c in channels)]
+    if any(n in OFFCPU_FOR for n in names):
+        names.append(OFFCPU)
+    out: List[str] = []
+    seen: Set[str] = set()
+    for name in names:
+        _paste(name, out, seen)
+    return "\n".join(out)
+
+
+def _paste(name: str, out: List[str], seen: Set[str]) -> None:
+    """Append argus/bpf/<name> with its own argus/bpf includes pasted in at their lines, unless an
+    earlier file included it. Pasting once is what the headers' include guards would do, as long as
+    no such include sits inside an #if (a header that depends on a channel wraps its content in the
+    channel's #ifdef instead): refused, so a skipped first include cannot hide a later one."""
+    if name in seen:
+        return
+    seen.add(name)
+    path = BPF_DIR / name
+    lines = path.read_text().splitlines()
+    directives = [ln.split() for ln in lines if ln.lstrip().startswith("#")][:2]
+    guarded = (
+        len(directives) == 2
+        and directives[0][:1] == ["#ifndef"]
+        and directives[1] == ["#define", *directives[0][1:]]
+    )
+    depth = 0
+    out.append(f'#line 1 "{path}"')
+    for i, line in enumerate(lines, 1):
+        m = _INCLUDE.match(line)
+        if m and (BPF_DIR / m.group(1)).is_file():
+            if depth != int(guarded):
+                raise ValueError(
+                    f'{path}:{i}: #include "{m.group(1)}" inside an #if; include it unconditionally'
+                )
+            _paste(m.group(1), out, seen)
+            out.append(f'#line {i + 1} "{path}"')
+            continue
+        if _IF.match(line):
+            depth += 1
+        elif _ENDIF.match(line):
+            depth -= 1
+        out.append(line)
 
 
 def full_text(channels: Sequence[Channel]) -> str:
-    """The whole program as compiled, for `--ebpf` (records.h is included by argus.h)."""
-    return f"/* argus/bpf/records.h */\n{(BPF_DIR / 'records.h').read_text()}\n" + source(channels)
+    """The whole program as compiled, for `--ebpf` (every header is pasted in)."""
+    return source(channels)
 
 
 def preflight() -> None:

@@ -1,4 +1,5 @@
-/* Shared by every Argus BPF channel: record layouts, maps, and helpers.
+/* Shared by every Argus BPF channel: knobs, record layouts, the maps every channel uses, and the
+ * accessors of the process, thread and epoch a probe runs in.
  *
  * Design: high-rate events (kernel launches, memcpy, errors) are aggregated in hash maps keyed
  * by (tgid, epoch, ...). An epoch ends whenever a host-blocking synchronisation returns; user
@@ -8,6 +9,8 @@
  *
  * Every struct here has a Python mirror in argus/probes/records.py; a test checks the layouts.
  * CALL_* ids come from the Python probe table as -D flags (one source for call names).
+ * A channel's own maps live in its file (cuda.bpf.c: launches, hists, mem) or in the header of
+ * what it shares (pystack.h, hoststack.h); the patterns probes repeat are in helpers.h.
  */
 #ifndef ARGUS_H
 #define ARGUS_H
@@ -28,9 +31,6 @@
 
 BPF_HASH(targets, u32, struct target_cfg, ARGUS_MAX_TARGETS);
 BPF_HASH(epochs, u32, u64, ARGUS_MAX_TARGETS);
-BPF_HASH(launches, struct launch_key, u64, ARGUS_AGG_ENTRIES);
-BPF_HASH(hists, struct hist_key, u64, ARGUS_AGG_ENTRIES);
-BPF_HASH(mem, struct mem_key, struct mem_val, 4096);
 BPF_HASH(errors, struct err_key, u64, 4096);
 BPF_HASH(call_counts, struct call_key, u64, 4096);
 BPF_HASH(inflight_calls, u64, struct inflight, 16384);
@@ -46,14 +46,17 @@ BPF_RINGBUF_OUTPUT(records, ARGUS_RINGBUF_PAGES);
 static __always_inline u32 cur_tgid(void) { return bpf_get_current_pid_tgid() >> 32; }
 static __always_inline u32 cur_tid(void) { return (u32)bpf_get_current_pid_tgid(); }
 
-static __always_inline struct target_cfg *target(void) {
-    u32 tgid = cur_tgid();
-    return targets.lookup(&tgid);
-}
-
 static __always_inline u64 cur_epoch(u32 tgid) {
     u64 *e = epochs.lookup(&tgid);
     return e ? *e : 0;
+}
+
+/* A host sync (or the step marker) returned: the process's epoch ends. Returns the epoch closed,
+ * which the sync's record carries. */
+static __always_inline u64 close_epoch(u32 tgid) {
+    u64 epoch = 0, *e = epochs.lookup(&tgid);
+    if (e) epoch = __sync_fetch_and_add(e, 1);
+    return epoch;
 }
 
 static __always_inline void drop(u32 slot) {
@@ -93,21 +96,6 @@ static __always_inline void fill_hdr(struct rec_hdr *h, u32 kind, u32 call, u64 
     h->epoch = epoch;
 }
 
-static __always_inline void count_error(u32 tgid, u32 call, s64 result) {
-    if (result == 0) return;
-    struct err_key k = {.tgid = tgid, .call = call, .epoch = cur_epoch(tgid), .result = result};
-    u64 zero = 0, *v = errors.lookup_or_try_init(&k, &zero);
-    if (v) __sync_fetch_and_add(v, 1);
-    else drop(DROP_AGG);
-}
-
-static __always_inline void count_call(u32 tgid, u32 call, u64 epoch) {
-    struct call_key k = {.tgid = tgid, .call = call, .epoch = epoch};
-    u64 zero = 0, *v = call_counts.lookup_or_try_init(&k, &zero);
-    if (v) __sync_fetch_and_add(v, 1);
-    else drop(DROP_AGG);
-}
-
 static __always_inline void save_scratch(u32 cls, struct scratch *s) {
     u64 k = scratch_key(cls);
     if (scratches.update(&k, s) != 0) drop(DROP_SCRATCH);
@@ -132,52 +120,5 @@ static __always_inline void inflight_exit(u32 cls) {
     u64 k = scratch_key(cls);
     inflight_calls.delete(&k);
 }
-
-static __always_inline u32 log2_u64(u64 v) {
-    u32 r = 0;
-#pragma unroll
-    for (int i = 32; i > 0; i >>= 1) {
-        if (v >= (1ULL << i)) {
-            v >>= i;
-            r += i;
-        }
-    }
-    return r;
-}
-
-static __always_inline void hist_add(u32 tgid, u16 kind, u64 epoch, u64 value) {
-    struct hist_key k = {.tgid = tgid, .kind = kind, .slot = (u16)log2_u64(value), .epoch = epoch};
-    u64 zero = 0, *v = hists.lookup_or_try_init(&k, &zero);
-    if (v) __sync_fetch_and_add(v, 1);
-    else drop(DROP_AGG);
-}
-
-/* Python phase of native calls (bpf/python.bpf.c): py_native_hit decides and stashes, py_tail (at
- * the end of the probe program) tail-calls the one program that walks. No-ops without the channel. */
-#ifdef ARGUS_PYTHON
-static __always_inline void py_native_hit(u32 call, u64 aux, u32 how);
-static __always_inline void py_tail(struct pt_regs *ctx);
-#else
-static __always_inline void py_native_hit(u32 call, u64 aux, u32 how) {}
-static __always_inline void py_tail(struct pt_regs *ctx) {}
-#endif
-
-/* `argus record`: one record per CUDA call, for the full-detail window; a no-op otherwise. */
-#ifdef ARGUS_RECORD
-static __always_inline void record_call(u32 call, u64 enter_ns, u64 arg, u64 stream) {
-    struct rec_call *r = records.ringbuf_reserve(sizeof(struct rec_call));
-    if (!r) {
-        drop(DROP_RINGBUF);
-        return;
-    }
-    fill_hdr(&r->h, REC_CALL, call, cur_epoch(cur_tgid()));
-    r->enter_ns = enter_ns ? enter_ns : r->h.ts;
-    r->arg = arg;
-    r->stream = stream;
-    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
-}
-#else
-static __always_inline void record_call(u32 call, u64 enter_ns, u64 arg, u64 stream) {}
-#endif
 
 #endif

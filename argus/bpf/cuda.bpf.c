@@ -10,7 +10,41 @@
  * Copies, allocations and frees: bytes per epoch. Every non-zero CUresult: counted per call.
  */
 
+#include "helpers.h"
+#include "pyhooks.h"
+
 #define CU_SUCCESS 0
+
+/* This channel's aggregates, drained by user space only when the channel is on. */
+BPF_HASH(launches, struct launch_key, u64, ARGUS_AGG_ENTRIES);
+BPF_HASH(hists, struct hist_key, u64, ARGUS_AGG_ENTRIES);
+BPF_HASH(mem, struct mem_key, struct mem_val, 4096);
+
+static __always_inline u32 log2_u64(u64 v) {
+    u32 r = 0;
+#pragma unroll
+    for (int i = 32; i > 0; i >>= 1) {
+        if (v >= (1ULL << i)) {
+            v >>= i;
+            r += i;
+        }
+    }
+    return r;
+}
+
+static __always_inline void hist_add(u32 tgid, u16 kind, u64 epoch, u64 value) {
+    struct hist_key k = {.tgid = tgid, .kind = kind, .slot = (u16)log2_u64(value), .epoch = epoch};
+    u64 zero = 0;
+    agg_add(hists.lookup_or_try_init(&k, &zero), 1);
+}
+
+/* Bytes of a copy, allocation or free, for a process already found a target. */
+static __always_inline int mem_add(u32 tgid, u32 kind, u64 bytes) {
+    struct mem_key k = {.tgid = tgid, .kind = kind, .epoch = cur_epoch(tgid)};
+    struct mem_val zero = {};
+    agg_add_sum(mem.lookup_or_try_init(&k, &zero), bytes);
+    return 0;
+}
 
 /* ---- kernel launches ---------------------------------------------------------------------- */
 
@@ -24,12 +58,11 @@ BPF_HASH(launch_recs, u32, struct launch_rec, 16384); /* tid -> (function, strea
 #endif
 
 static __always_inline int launch_enter_common(u32 call, u64 func, u64 stream) {
-    u32 tgid = cur_tgid();
-    if (!targets.lookup(&tgid)) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     struct launch_key k = {.tgid = tgid, .epoch = cur_epoch(tgid), .func = func};
-    u64 zero = 0, *v = launches.lookup_or_try_init(&k, &zero);
-    if (v) __sync_fetch_and_add(v, 1);
-    else drop(DROP_AGG);
+    u64 zero = 0;
+    agg_add(launches.lookup_or_try_init(&k, &zero), 1);
     py_native_hit(call, func, PY_HIT_LAUNCH);
 #if defined(ARGUS_LAUNCH_LATENCY) || defined(ARGUS_RECORD)
     u32 tid = cur_tid();
@@ -44,8 +77,8 @@ static __always_inline int launch_enter_common(u32 call, u64 func, u64 stream) {
 }
 
 static __always_inline int launch_return_common(struct pt_regs *ctx, u32 call) {
-    u32 tgid = cur_tgid();
-    if (!targets.lookup(&tgid)) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     s64 rc = (s32)PT_REGS_RC(ctx);
     count_error(tgid, call, rc);
 #ifdef ARGUS_LAUNCH_LATENCY
@@ -102,7 +135,8 @@ int cuGraphLaunch_return(struct pt_regs *ctx) { return launch_return_common(ctx,
 /* ---- host-blocking synchronisation ------------------------------------------------------------ */
 
 static __always_inline int sync_enter(u32 call, u64 handle, u32 bytes_kind, u64 bytes) {
-    if (!target()) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     struct scratch s = {.enter_ns = bpf_ktime_get_ns()};
     s.a[0] = handle;
     s.a[1] = bytes_kind;
@@ -114,35 +148,28 @@ static __always_inline int sync_enter(u32 call, u64 handle, u32 bytes_kind, u64 
 }
 
 static __always_inline int sync_exit(struct pt_regs *ctx, u32 call) {
-    u32 tgid = cur_tgid();
-    if (!targets.lookup(&tgid)) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     struct scratch s;
     if (load_scratch(CLASS_CUDA, &s) != 0) return 0; /* entered before we attached */
     inflight_exit(CLASS_CUDA);
     s64 rc = (s32)PT_REGS_RC(ctx);
-    u64 epoch = 0, *e = epochs.lookup(&tgid);
-    if (e) epoch = __sync_fetch_and_add(e, 1);
+    u64 epoch = close_epoch(tgid);
     count_error(tgid, call, rc);
     if (s.a[1] != ~0u && rc == CU_SUCCESS) {
+        /* the bytes count in the epoch this sync closes (mem_add would take the next one) */
         struct mem_key mk = {.tgid = tgid, .kind = (u32)s.a[1], .epoch = epoch};
         struct mem_val zero = {}, *mv = mem.lookup_or_try_init(&mk, &zero);
-        if (mv) {
-            __sync_fetch_and_add(&mv->count, 1);
-            __sync_fetch_and_add(&mv->bytes, s.a[2]);
-        }
+        if (mv) agg_add_sum(mv, s.a[2]);
     }
-    struct rec_sync *r = records.ringbuf_reserve(sizeof(struct rec_sync));
-    if (!r) {
-        drop(DROP_RINGBUF);
-        return 0;
-    }
-    fill_hdr(&r->h, REC_SYNC, call, epoch);
+    struct rec_sync *r = RECORD(rec_sync, REC_SYNC, call, epoch);
+    if (!r) return 0;
     r->enter_ns = s.enter_ns;
     r->handle = s.a[0];
     r->result = (s32)rc;
     r->bytes_kind = (u32)s.a[1];
     r->bytes = s.a[2];
-    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    record_submit(r);
     return 0;
 }
 
@@ -165,33 +192,19 @@ SYNC_PROBE(cuMemsetD32_v2, 0, MEM_SET, PT_REGS_PARM3(ctx) * 4)
 
 /* ---- asynchronous copies: bytes at entry, errors at return ------------------------------------ */
 
-static __always_inline int mem_add(u32 kind, u64 bytes) {
-    u32 tgid = cur_tgid();
-    if (!targets.lookup(&tgid)) return 0;
-    struct mem_key k = {.tgid = tgid, .kind = kind, .epoch = cur_epoch(tgid)};
-    struct mem_val zero = {}, *v = mem.lookup_or_try_init(&k, &zero);
-    if (v) {
-        __sync_fetch_and_add(&v->count, 1);
-        __sync_fetch_and_add(&v->bytes, bytes);
-    } else {
-        drop(DROP_AGG);
-    }
-    return 0;
-}
-
 static __always_inline int result_only(struct pt_regs *ctx, u32 call) {
-    u32 tgid = cur_tgid();
-    if (!targets.lookup(&tgid)) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     count_error(tgid, call, (s32)PT_REGS_RC(ctx));
     record_call(call, 0, 0, 0);
     return 0;
 }
 
 static __always_inline int copy_enter(u32 call, u32 kind, u64 bytes, u64 stream) {
-    u32 tgid = cur_tgid();
-    if (!targets.lookup(&tgid)) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     record_call(call, 0, bytes, stream);
-    return mem_add(kind, bytes);
+    return mem_add(tgid, kind, bytes);
 }
 
 #define RESULT_PROBE(name) \
@@ -224,7 +237,8 @@ BPF_HASH(allocs, struct alloc_key, u64, ARGUS_AGG_ENTRIES);
 BPF_HASH(event_seen, struct alloc_key, u64, 16384);
 
 int cuMemAlloc_v2_entry(struct pt_regs *ctx) {
-    if (!target()) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     struct scratch s = {.enter_ns = bpf_ktime_get_ns()};
     s.a[0] = PT_REGS_PARM1(ctx);
     s.a[1] = PT_REGS_PARM2(ctx);
@@ -233,8 +247,8 @@ int cuMemAlloc_v2_entry(struct pt_regs *ctx) {
 }
 
 int cuMemAlloc_v2_return(struct pt_regs *ctx) {
-    u32 tgid = cur_tgid();
-    if (!targets.lookup(&tgid)) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     struct scratch s;
     if (load_scratch(CLASS_CUDA, &s) != 0) return 0;
     s64 rc = (s32)PT_REGS_RC(ctx);
@@ -244,37 +258,33 @@ int cuMemAlloc_v2_return(struct pt_regs *ctx) {
     bpf_probe_read_user(&k.ptr, sizeof(k.ptr), (void *)s.a[0]);
     u64 size = s.a[1];
     allocs.update(&k, &size);
-    return mem_add(MEM_ALLOC, size);
+    return mem_add(tgid, MEM_ALLOC, size);
 }
 
 int cuMemFree_v2_entry(struct pt_regs *ctx) {
-    u32 tgid = cur_tgid();
-    if (!targets.lookup(&tgid)) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     struct alloc_key k = {.tgid = tgid, .ptr = PT_REGS_PARM1(ctx)};
     u64 *size = allocs.lookup(&k);
-    if (!size) return mem_add(MEM_FREE_UNKNOWN, 0); /* allocated before we attached */
+    if (!size) return mem_add(tgid, MEM_FREE_UNKNOWN, 0); /* allocated before we attached */
     u64 bytes = *size;
     allocs.delete(&k);
-    return mem_add(MEM_FREE, bytes);
+    return mem_add(tgid, MEM_FREE, bytes);
 }
 RESULT_PROBE(cuMemFree_v2)
 
 /* ---- events: which stream an event marks, and the timings the framework reads ------------------- */
 
 int cuEventRecord_entry(struct pt_regs *ctx) {
-    u32 tgid = cur_tgid();
-    if (!targets.lookup(&tgid)) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     struct alloc_key ek = {.tgid = tgid, .ptr = PT_REGS_PARM1(ctx)};
     event_seen.delete(&ek); /* a new recording: its completion is a new question */
-    struct rec_event_record *r = records.ringbuf_reserve(sizeof(struct rec_event_record));
-    if (!r) {
-        drop(DROP_RINGBUF);
-        return 0;
-    }
-    fill_hdr(&r->h, REC_EVENT_RECORD, CALL_cuEventRecord, cur_epoch(tgid));
+    struct rec_event_record *r = RECORD(rec_event_record, REC_EVENT_RECORD, CALL_cuEventRecord, cur_epoch(tgid));
+    if (!r) return 0;
     r->event = PT_REGS_PARM1(ctx);
     r->stream = PT_REGS_PARM2(ctx);
-    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    record_submit(r);
     py_native_hit(CALL_cuEventRecord, PT_REGS_PARM1(ctx), PY_HIT_EVENT); /* no walk: see PY_HIT_EVENT */
     return 0;
 }
@@ -287,17 +297,13 @@ RESULT_PROBE(cuEventRecord)
  * Only that transition becomes a record (one per recording at most), not every poll. */
 
 int cuStreamWaitEvent_entry(struct pt_regs *ctx) {
-    u32 tgid = cur_tgid();
-    if (!targets.lookup(&tgid)) return 0;
-    struct rec_stream_wait *r = records.ringbuf_reserve(sizeof(struct rec_stream_wait));
-    if (!r) {
-        drop(DROP_RINGBUF);
-        return 0;
-    }
-    fill_hdr(&r->h, REC_STREAM_WAIT, CALL_cuStreamWaitEvent, cur_epoch(tgid));
+    u32 tgid;
+    if (!target(&tgid)) return 0;
+    struct rec_stream_wait *r = RECORD(rec_stream_wait, REC_STREAM_WAIT, CALL_cuStreamWaitEvent, cur_epoch(tgid));
+    if (!r) return 0;
     r->stream = PT_REGS_PARM1(ctx);
     r->event = PT_REGS_PARM2(ctx);
-    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    record_submit(r);
     return 0;
 }
 RESULT_PROBE(cuStreamWaitEvent)
@@ -306,7 +312,8 @@ RESULT_PROBE(cuStreamWaitEvent)
 #define EVENT_DONE (~0ull)
 
 int cuEventQuery_entry(struct pt_regs *ctx) {
-    if (!target()) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     struct scratch s = {.enter_ns = bpf_ktime_get_ns()};
     s.a[0] = PT_REGS_PARM1(ctx);
     save_scratch(CLASS_CUDA, &s);
@@ -314,8 +321,8 @@ int cuEventQuery_entry(struct pt_regs *ctx) {
 }
 
 int cuEventQuery_return(struct pt_regs *ctx) {
-    u32 tgid = cur_tgid();
-    if (!targets.lookup(&tgid)) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     s64 rc = (s32)PT_REGS_RC(ctx);
     count_error(tgid, CALL_cuEventQuery, rc);
     record_call(CALL_cuEventQuery, 0, 0, 0);
@@ -328,15 +335,11 @@ int cuEventQuery_return(struct pt_regs *ctx) {
         return 0;
     }
     if (rc != CU_SUCCESS || (seen && *seen == EVENT_DONE)) return 0;
-    struct rec_event_done *r = records.ringbuf_reserve(sizeof(struct rec_event_done));
-    if (!r) {
-        drop(DROP_RINGBUF);
-        return 0;
-    }
-    fill_hdr(&r->h, REC_EVENT_DONE, CALL_cuEventQuery, cur_epoch(tgid));
+    struct rec_event_done *r = RECORD(rec_event_done, REC_EVENT_DONE, CALL_cuEventQuery, cur_epoch(tgid));
+    if (!r) return 0;
     r->event = s.a[0];
     r->not_ready_ns = seen ? *seen : 0;
-    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    record_submit(r);
     u64 done = EVENT_DONE;
     event_seen.update(&k, &done);
     return 0;
@@ -344,7 +347,8 @@ int cuEventQuery_return(struct pt_regs *ctx) {
 
 /* cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd) */
 int cuEventElapsedTime_entry(struct pt_regs *ctx) {
-    if (!target()) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     struct scratch s = {.enter_ns = bpf_ktime_get_ns()};
     s.a[0] = PT_REGS_PARM1(ctx);
     s.a[1] = PT_REGS_PARM2(ctx);
@@ -354,31 +358,28 @@ int cuEventElapsedTime_entry(struct pt_regs *ctx) {
 }
 
 int cuEventElapsedTime_return(struct pt_regs *ctx) {
-    u32 tgid = cur_tgid();
-    if (!targets.lookup(&tgid)) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     struct scratch s;
     if (load_scratch(CLASS_CUDA, &s) != 0) return 0;
     s64 rc = (s32)PT_REGS_RC(ctx);
     count_error(tgid, CALL_cuEventElapsedTime, rc);
-    struct rec_elapsed *r = records.ringbuf_reserve(sizeof(struct rec_elapsed));
-    if (!r) {
-        drop(DROP_RINGBUF);
-        return 0;
-    }
-    fill_hdr(&r->h, REC_ELAPSED, CALL_cuEventElapsedTime, cur_epoch(tgid));
+    struct rec_elapsed *r = RECORD(rec_elapsed, REC_ELAPSED, CALL_cuEventElapsedTime, cur_epoch(tgid));
+    if (!r) return 0;
     r->start_ev = s.a[1];
     r->end_ev = s.a[2];
     r->result = (s32)rc;
     r->ms_bits = 0;
     if (rc == CU_SUCCESS) bpf_probe_read_user(&r->ms_bits, sizeof(r->ms_bits), (void *)s.a[0]);
-    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    record_submit(r);
     return 0;
 }
 
 /* ---- kernel names: cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) ------ */
 
 int cuModuleGetFunction_entry(struct pt_regs *ctx) {
-    if (!target()) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     struct scratch s = {.enter_ns = bpf_ktime_get_ns()};
     s.a[0] = PT_REGS_PARM1(ctx);
     s.a[1] = PT_REGS_PARM3(ctx);
@@ -387,23 +388,19 @@ int cuModuleGetFunction_entry(struct pt_regs *ctx) {
 }
 
 int cuModuleGetFunction_return(struct pt_regs *ctx) {
-    u32 tgid = cur_tgid();
-    if (!targets.lookup(&tgid)) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     struct scratch s;
     if (load_scratch(CLASS_CUDA, &s) != 0) return 0;
     s64 rc = (s32)PT_REGS_RC(ctx);
     count_error(tgid, CALL_cuModuleGetFunction, rc);
-    struct rec_func_name *r = records.ringbuf_reserve(sizeof(struct rec_func_name));
-    if (!r) {
-        drop(DROP_RINGBUF);
-        return 0;
-    }
-    fill_hdr(&r->h, REC_FUNC_NAME, CALL_cuModuleGetFunction, cur_epoch(tgid));
+    struct rec_func_name *r = RECORD(rec_func_name, REC_FUNC_NAME, CALL_cuModuleGetFunction, cur_epoch(tgid));
+    if (!r) return 0;
     r->result = (s32)rc;
     r->pad = 0;
     r->func = 0;
     if (rc == CU_SUCCESS) bpf_probe_read_user(&r->func, sizeof(r->func), (void *)s.a[0]);
     bpf_probe_read_user_str(r->name, sizeof(r->name), (void *)s.a[1]);
-    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    record_submit(r);
     return 0;
 }

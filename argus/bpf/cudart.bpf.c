@@ -7,9 +7,11 @@
  * The runtime never closes an epoch (the driver's syncs do).
  */
 
+#include "helpers.h"
+
 static __always_inline int cudart_result(struct pt_regs *ctx, u32 call) {
-    u32 tgid = cur_tgid();
-    if (!targets.lookup(&tgid)) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     count_call(tgid, call, cur_epoch(tgid));
     count_error(tgid, call, (s32)PT_REGS_RC(ctx));
     record_call(call, 0, 0, 0);

@@ -3,33 +3,17 @@
  * A low-rate perf-event program (software CPU_CLOCK, ARGUS_HOST_PERIOD_NS) takes the user and
  * kernel stack of every running thread of a target process (frame-pointer unwinding by the
  * kernel: binaries without frame pointers give truncated user stacks) and counts
- * (thread, epoch, user stack, kernel stack) in `host_prof`. Off-CPU time per thread and stack is
- * added by offcpu.bpf.c at sched_switch. User space folds and symbolises the stacks per window.
+ * (thread, epoch, user stack, kernel stack) in `host_prof` (hoststack.h). Off-CPU time per thread
+ * and stack is added by offcpu.bpf.c at sched_switch. User space folds and symbolises the stacks
+ * per window.
  */
 
+#include "helpers.h"
+#include "hoststack.h"
 
 #ifndef ARGUS_HOST_PERIOD_NS
 #define ARGUS_HOST_PERIOD_NS 52631578 /* 19 Hz */
 #endif
-#ifndef ARGUS_STACK_ENTRIES
-#define ARGUS_STACK_ENTRIES 8192
-#endif
-
-BPF_STACK_TRACE(stack_traces, ARGUS_STACK_ENTRIES);
-BPF_HASH(host_prof, struct prof_key, struct prof_val, 16384);
-
-static __always_inline void host_prof_add(u32 tgid, u32 tid, u64 epoch, s32 ustack, s32 kstack, u32 kind,
-                                          u64 ns) {
-    struct prof_key k = {.tgid = tgid, .tid = tid, .epoch = epoch, .stack = 0, .ustack = ustack,
-                         .kstack = kstack, .kind = kind};
-    struct prof_val zero = {}, *v = host_prof.lookup_or_try_init(&k, &zero);
-    if (v) {
-        __sync_fetch_and_add(&v->count, 1);
-        __sync_fetch_and_add(&v->ns, ns);
-    } else {
-        drop(DROP_AGG);
-    }
-}
 
 /* A perf-event program: its context is struct bpf_perf_event_data, but only passed on, never read,
  * so it is typed as pt_regs (including <uapi/linux/bpf_perf_event.h> costs ~1 s of compile time). */

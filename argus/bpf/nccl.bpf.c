@@ -13,6 +13,9 @@
  * the new handle and, where the layout of this build is known, commHash/rank/nRanks read from it.
  */
 
+#include "helpers.h"
+#include "pyhooks.h"
+
 struct seq_key {
     u64 comm;
     s32 peer;
@@ -28,8 +31,8 @@ BPF_HASH(init_uid, u64, struct uid_buf, 1024);
 
 static __always_inline int nccl_enter(u32 call, u64 comm, u64 count, u64 dtype, u64 redop, s64 peer, u64 stream,
                                       u32 dir) {
-    struct target_cfg *cfg = target();
-    if (!cfg) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     u64 seq = 0;
     u32 flags = 0;
     struct seq_key k = {.comm = comm, .peer = dir ? (s32)peer : -1, .dir = dir};
@@ -52,19 +55,15 @@ static __always_inline int nccl_enter(u32 call, u64 comm, u64 count, u64 dtype, 
 }
 
 static __always_inline int nccl_exit(struct pt_regs *ctx, u32 call) {
-    u32 tgid = cur_tgid();
-    if (!targets.lookup(&tgid)) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     struct scratch s;
     if (load_scratch(CLASS_NCCL, &s) != 0) return 0;
     inflight_exit(CLASS_NCCL);
     s64 rc = (s32)PT_REGS_RC(ctx);
     count_error(tgid, call, rc);
-    struct rec_nccl *r = records.ringbuf_reserve(sizeof(struct rec_nccl));
-    if (!r) {
-        drop(DROP_RINGBUF);
-        return 0;
-    }
-    fill_hdr(&r->h, REC_NCCL, call, cur_epoch(tgid));
+    struct rec_nccl *r = RECORD(rec_nccl, REC_NCCL, call, cur_epoch(tgid));
+    if (!r) return 0;
     r->comm = s.a[0];
     r->seq = s.a[1];
     r->count = s.a[2];
@@ -76,7 +75,7 @@ static __always_inline int nccl_exit(struct pt_regs *ctx, u32 call) {
     r->peer = (s32)s.a[5];
     r->result = (s32)rc;
     r->pad = 0;
-    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    record_submit(r);
     return 0;
 }
 
@@ -107,8 +106,8 @@ NCCL_PROBE(ncclRecv, arg_n(ctx, 2), arg_n(ctx, 3), 0xff, (s32)arg_n(ctx, 4), arg
 /* ---- groups ------------------------------------------------------------------------------------ */
 
 static __always_inline int group_step(u32 call, s32 delta) {
-    u32 tgid = cur_tgid();
-    if (!targets.lookup(&tgid)) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     u32 tid = cur_tid();
     s32 zero = 0, *d = group_depth.lookup_or_try_init(&tid, &zero);
     if (d) {
@@ -127,7 +126,8 @@ int ncclGroupStart_entry(struct pt_regs *ctx) { return group_step(CALL_ncclGroup
  * agent counts its time as the wait of the group's last operation. */
 int ncclGroupEnd_entry(struct pt_regs *ctx) {
     group_step(CALL_ncclGroupEnd, -1);
-    if (!target()) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     u32 tid = cur_tid();
     s32 *depth = group_depth.lookup(&tid);
     struct scratch s = {.enter_ns = bpf_ktime_get_ns()};
@@ -143,7 +143,8 @@ int ncclGroupEnd_return(struct pt_regs *ctx) { return nccl_exit(ctx, CALL_ncclGr
 /* ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank): the 128-byte id is
  * passed by value in memory (on the stack, at sp + 8 on entry), so `rank` is the third register. */
 static __always_inline int init_enter(struct pt_regs *ctx, u32 call) {
-    if (!target()) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     struct scratch s = {.enter_ns = bpf_ktime_get_ns()};
     s.a[0] = PT_REGS_PARM1(ctx);
     s.a[1] = PT_REGS_PARM2(ctx);
@@ -162,7 +163,8 @@ static __always_inline int init_enter(struct pt_regs *ctx, u32 call) {
 
 /* ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config) */
 int ncclCommSplit_entry(struct pt_regs *ctx) {
-    if (!target()) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     struct scratch s = {.enter_ns = bpf_ktime_get_ns()};
     s.a[0] = PT_REGS_PARM4(ctx);
     s.a[1] = 0;
@@ -176,20 +178,16 @@ int ncclCommSplit_entry(struct pt_regs *ctx) {
 }
 
 static __always_inline int init_exit(struct pt_regs *ctx, u32 call) {
-    u32 tgid = cur_tgid();
-    struct target_cfg *cfg = targets.lookup(&tgid);
+    u32 tgid;
+    struct target_cfg *cfg = target(&tgid);
     if (!cfg) return 0;
     struct scratch s;
     if (load_scratch(CLASS_NCCL, &s) != 0) return 0;
     inflight_exit(CLASS_NCCL);
     s64 rc = (s32)PT_REGS_RC(ctx);
     count_error(tgid, call, rc);
-    struct rec_comm_init *r = records.ringbuf_reserve(sizeof(struct rec_comm_init));
-    if (!r) {
-        drop(DROP_RINGBUF);
-        return 0;
-    }
-    fill_hdr(&r->h, REC_COMM_INIT, call, cur_epoch(tgid));
+    struct rec_comm_init *r = RECORD(rec_comm_init, REC_COMM_INIT, call, cur_epoch(tgid));
+    if (!r) return 0;
     u64 comm = 0;
     if (rc == 0) bpf_probe_read_user(&comm, sizeof(comm), (void *)s.a[0]);
     r->comm = comm;
@@ -220,7 +218,7 @@ static __always_inline int init_exit(struct pt_regs *ctx, u32 call) {
     } else {
         __builtin_memset(r->uid, 0, sizeof(r->uid));
     }
-    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    record_submit(r);
     return 0;
 }
 
@@ -233,8 +231,8 @@ int ncclCommSplit_return(struct pt_regs *ctx) { return init_exit(ctx, CALL_ncclC
 /* ---- a few calls whose results matter (version probing, unique ids, teardown) ---------------------- */
 
 static __always_inline int nccl_result(struct pt_regs *ctx, u32 call) {
-    u32 tgid = cur_tgid();
-    if (!targets.lookup(&tgid)) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     count_call(tgid, call, cur_epoch(tgid));
     count_error(tgid, call, (s32)PT_REGS_RC(ctx));
     return 0;
@@ -262,8 +260,8 @@ struct net_state {
 BPF_HASH(net_sends, u32, struct net_state, 4096);
 
 static __always_inline int net_send(u32 call) {
-    u32 tgid = cur_tgid();
-    if (!targets.lookup(&tgid)) return 0;
+    u32 tgid;
+    if (!target(&tgid)) return 0;
     u64 now = bpf_ktime_get_ns(), epoch = cur_epoch(tgid);
     struct net_state *st = net_sends.lookup(&tgid);
     if (st && st->epoch1 == epoch + 1) {
@@ -273,16 +271,12 @@ static __always_inline int net_send(u32 call) {
     struct net_state next = {.epoch1 = epoch + 1, .last_ns = now};
     u64 prev = st ? st->last_ns : 0;
     net_sends.update(&tgid, &next);
-    struct rec_net_send *r = records.ringbuf_reserve(sizeof(struct rec_net_send));
-    if (!r) {
-        drop(DROP_RINGBUF);
-        return 0;
-    }
-    fill_hdr(&r->h, REC_NET_SEND, call, epoch);
+    struct rec_net_send *r = RECORD(rec_net_send, REC_NET_SEND, call, epoch);
+    if (!r) return 0;
     r->h.ts = now;
     r->prev_ns = prev;
     r->pad = 0;
-    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    record_submit(r);
     return 0;
 }
 

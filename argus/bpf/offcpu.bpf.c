@@ -6,7 +6,13 @@
  * the thread wakes in (a host sync is counted in the step it ends). Off-CPU includes time
  * runnable but waiting for a CPU. A sampler alone cannot see a blocked thread: this is what makes
  * phase times right for threads that sleep, wait on locks or block in GPU syncs.
+ * In the compile unit whenever the Python or host channel is (argus/agent/bpfprog.py); the stack
+ * walkers come from pystack.h and hoststack.h, each empty without its channel.
  */
+
+#include "helpers.h"
+#include "hoststack.h"
+#include "pystack.h"
 
 struct offcpu_start {
     u64 ts;
@@ -54,11 +60,9 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     host_prof_add(owner, next, epoch, ustack, kstack, PROF_OFFCPU, d);
 #endif
 #ifdef ARGUS_RECORD
-    struct rec_offcpu *r = records.ringbuf_reserve(sizeof(struct rec_offcpu));
-    if (!r) {
-        drop(DROP_RINGBUF);
-        return 0;
-    }
+    /* not RECORD(): the span belongs to the thread switched in, not the current one */
+    struct rec_offcpu *r = ring_reserve(sizeof(struct rec_offcpu));
+    if (!r) return 0;
     r->h.kind = REC_OFFCPU;
     r->h.tgid = owner;
     r->h.tid = next;
@@ -69,7 +73,7 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     r->stack = stack;
     r->ustack = ustack;
     r->kstack = kstack;
-    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    record_submit(r);
 #endif
     return 0;
 }

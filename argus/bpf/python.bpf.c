@@ -20,11 +20,14 @@
  * their events. Walks cost ~2 us each (docs/benchmarks.md): these rates keep them to a few dozen
  * per step.
  *
- * Off-CPU time is accounted in offcpu.bpf.c (sched_switch) with the stack walked here.
+ * The walker and its maps are in pystack.h (offcpu.bpf.c walks with it too, at sched_switch).
  * GC pauses come from the interpreter's gc__start/gc__done USDT probes when it has them; the
  * opt-in precise mode times selected functions with a uprobe pair on _PyEval_EvalFrameDefault.
  */
 
+#include "helpers.h"
+#include "pyhooks.h"
+#include "pystack.h"
 
 #ifndef ARGUS_PY_PERIOD_NS
 #define ARGUS_PY_PERIOD_NS 20408163 /* 49 Hz */
@@ -32,21 +35,6 @@
 #ifndef ARGUS_PY_LAUNCH_EVERY
 #define ARGUS_PY_LAUNCH_EVERY 16
 #endif
-#ifndef ARGUS_PY_STACKS
-#define ARGUS_PY_STACKS 8192
-#endif
-
-#define PY_OWNED_BY_CSTACK 3
-#define PY_SLOT_PROBE 0 /* scratch slot for perf-event and uprobe programs */
-#define PY_SLOT_SCHED 1 /* scratch slot for sched_switch */
-
-BPF_HASH(py_targets, u32, struct py_cfg, ARGUS_MAX_TARGETS);
-BPF_HASH(py_threads, u32, u64, 65536); /* tid -> PyThreadState*, 0: not a Python thread */
-BPF_HASH(py_unknown, u32, u32, 1024);  /* tid -> tgid: sampled, thread state not known yet */
-BPF_HASH(py_stacks, u64, struct py_stack, ARGUS_PY_STACKS);
-BPF_PERCPU_ARRAY(py_scratch, struct py_stack, 2);
-BPF_HASH(py_prof, struct prof_key, struct prof_val, ARGUS_AGG_ENTRIES);
-
 #ifndef ARGUS_PY_COLL_EVERY
 #define ARGUS_PY_COLL_EVERY 4
 #endif
@@ -58,81 +46,6 @@ struct py_hit_state {
     u32 pad;
 };
 BPF_HASH(py_hits, u32, struct py_hit_state, 16384);
-
-static __always_inline u64 py_first_frame(struct py_cfg *cfg, u64 tstate) {
-    u64 p = 0;
-    bpf_probe_read_user(&p, sizeof(p), (void *)(tstate + cfg->off_tstate_frame));
-    if (p && cfg->off_cframe_frame != OFF_UNKNOWN) {
-        u64 f = 0;
-        bpf_probe_read_user(&f, sizeof(f), (void *)(p + cfg->off_cframe_frame));
-        p = f;
-    }
-    return p;
-}
-
-/* One read per frame: the code, caller and owner fields of every supported layout lie in the
- * frame's first PY_FRAME_READ bytes (user space checks the offsets: argus/agent/pyagent.py), and a
- * 72-byte bpf_probe_read_user costs about what one 8-byte read does, so this is ~3x cheaper than a
- * read per field. The buffer is larger than the read so masked offsets stay inside it. */
-struct py_frame_buf {
-    u8 b[128];
-};
-BPF_PERCPU_ARRAY(py_frame_bufs, struct py_frame_buf, 2);
-
-/* Walk thread `tid`'s frames (it must be the current task); store the stack once; return its id,
- * 0 when the thread has no Python frame or its thread state is not known yet. */
-static __always_inline u64 py_walk(struct py_cfg *cfg, u32 tgid, u32 tid, u32 slot) {
-    u64 *tstate = py_threads.lookup(&tid);
-    if (!tstate) {
-        py_unknown.update(&tid, &tgid);
-        return 0;
-    }
-    if (!*tstate) return 0;
-    struct py_stack *st = py_scratch.lookup(&slot);
-    if (!st) return 0;
-    struct py_frame_buf *fb = py_frame_bufs.lookup(&slot);
-    if (!fb) return 0;
-    u64 frame = py_first_frame(cfg, *tstate);
-    u64 h = (0xcbf29ce484222325ULL ^ tgid) * 0x100000001b3ULL; /* ids are per process */
-    /* Branch-light on purpose (the verifier walks every unrolled iteration): without an owner
-     * byte, read any byte and compare with a value an owner never has. A C-stack shim frame is
-     * stored as code 0 and dropped by user space. Masks keep the verifier sure of the bounds. */
-    u32 off_code = cfg->off_frame_code & 63, off_back = cfg->off_frame_back & 63;
-    u32 off_owner = (cfg->off_frame_owner == OFF_UNKNOWN ? off_code : cfg->off_frame_owner) & 127;
-    u8 shim = cfg->off_frame_owner == OFF_UNKNOWN ? 0xff : PY_OWNED_BY_CSTACK;
-    u32 n = 0;
-    /* a real loop (kernel >= 5.3): unrolled, it would be pasted into every native probe */
-#pragma clang loop unroll(disable)
-    for (int i = 0; i < PY_MAX_FRAMES; i++) {
-        if (!frame) break;
-        if (bpf_probe_read_user(fb->b, PY_FRAME_READ, (void *)frame) != 0) break;
-        u64 code = *(u64 *)(fb->b + off_code), back = *(u64 *)(fb->b + off_back);
-        if (fb->b[off_owner] == shim) code = 0;
-        st->code[i] = code;
-        h = (h ^ code) * 0x100000001b3ULL;
-        frame = back;
-        n = i + 1;
-    }
-    if (!n) return 0;
-    st->depth = n;
-    st->flags = frame ? PY_F_TRUNCATED : 0;
-    h = (h ^ n) * 0x100000001b3ULL;
-    if (h == 0) h = 1;
-    py_stacks.insert(&h, st);
-    return h;
-}
-
-static __always_inline void py_prof_add(u32 tgid, u32 tid, u64 epoch, u64 stack, u32 kind, u64 ns) {
-    struct prof_key k = {.tgid = tgid, .tid = tid, .epoch = epoch, .stack = stack, .ustack = -1, .kstack = -1,
-                         .kind = kind};
-    struct prof_val zero = {}, *v = py_prof.lookup_or_try_init(&k, &zero);
-    if (v) {
-        __sync_fetch_and_add(&v->count, 1);
-        __sync_fetch_and_add(&v->ns, ns);
-    } else {
-        drop(DROP_AGG);
-    }
-}
 
 /* ---- sampling ---------------------------------------------------------------------------------- */
 
@@ -148,21 +61,17 @@ int py_on_cpu(struct pt_regs *ctx) {
     u64 epoch = cur_epoch(tgid);
     py_prof_add(tgid, tid, epoch, stack, PROF_ONCPU, ARGUS_PY_PERIOD_NS);
 #ifdef ARGUS_RECORD
-    struct rec_py_sample *r = records.ringbuf_reserve(sizeof(struct rec_py_sample));
-    if (!r) {
-        drop(DROP_RINGBUF);
-        return 0;
-    }
-    fill_hdr(&r->h, REC_PY_SAMPLE, 0, epoch);
+    struct rec_py_sample *r = RECORD(rec_py_sample, REC_PY_SAMPLE, 0, epoch);
+    if (!r) return 0;
     r->stack = stack;
     r->ustack = -1;
     r->kstack = -1;
-    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    record_submit(r);
 #endif
     return 0;
 }
 
-/* ---- walks at native CUDA/NCCL calls (declared in argus.h) --------------------------------------- */
+/* ---- walks at native CUDA/NCCL calls (declared in pyhooks.h) ------------------------------------ */
 
 struct py_hit_arg {
     u32 pending;
@@ -233,17 +142,13 @@ int py_walk_native(struct pt_regs *ctx) {
     struct py_cfg *cfg = py_targets.lookup(&tgid);
     if (!cfg) return 0;
     u64 stack = py_walk(cfg, tgid, cur_tid(), PY_SLOT_PROBE);
-    struct rec_py_mark *r = records.ringbuf_reserve(sizeof(struct rec_py_mark));
-    if (!r) {
-        drop(DROP_RINGBUF);
-        return 0;
-    }
-    fill_hdr(&r->h, REC_PY_MARK, a->call, cur_epoch(tgid));
+    struct rec_py_mark *r = RECORD(rec_py_mark, REC_PY_MARK, a->call, cur_epoch(tgid));
+    if (!r) return 0;
     r->stack = stack;
     r->aux = a->aux;
     r->weight = a->weight;
     r->pad = 0;
-    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    record_submit(r);
     return 0;
 }
 
@@ -313,17 +218,13 @@ int py_gc_done(struct pt_regs *ctx) {
         drop(DROP_AGG);
     }
 #ifdef ARGUS_RECORD
-    struct rec_gc *r = records.ringbuf_reserve(sizeof(struct rec_gc));
-    if (!r) {
-        drop(DROP_RINGBUF);
-        return 0;
-    }
-    fill_hdr(&r->h, REC_GC, 0, epoch);
+    struct rec_gc *r = RECORD(rec_gc, REC_GC, 0, epoch);
+    if (!r) return 0;
     r->start_ns = start;
     r->collected = collected;
     r->generation = (s32)gen;
     r->pad = 0;
-    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    record_submit(r);
 #endif
     return 0;
 }
@@ -365,14 +266,10 @@ int py_eval_return(struct pt_regs *ctx) {
     if (!v) return 0;
     u64 enter = v->ts, code = v->code;
     py_precise_enter.delete(&k);
-    struct rec_py_call *r = records.ringbuf_reserve(sizeof(struct rec_py_call));
-    if (!r) {
-        drop(DROP_RINGBUF);
-        return 0;
-    }
-    fill_hdr(&r->h, REC_PY_CALL, 0, cur_epoch(tgid));
+    struct rec_py_call *r = RECORD(rec_py_call, REC_PY_CALL, 0, cur_epoch(tgid));
+    if (!r) return 0;
     r->code = code;
     r->enter_ns = enter;
-    records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    record_submit(r);
     return 0;
 }
