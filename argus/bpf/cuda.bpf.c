@@ -159,8 +159,8 @@ static __always_inline int sync_exit(struct pt_regs *ctx, u32 call) {
     if (s.a[1] != ~0u && rc == CU_SUCCESS) {
         /* the bytes count in the epoch this sync closes (mem_add would take the next one) */
         struct mem_key mk = {.tgid = tgid, .kind = (u32)s.a[1], .epoch = epoch};
-        struct mem_val zero = {}, *mv = mem.lookup_or_try_init(&mk, &zero);
-        if (mv) agg_add_sum(mv, s.a[2]);
+        struct mem_val zero = {};
+        agg_add_sum(mem.lookup_or_try_init(&mk, &zero), s.a[2]); /* a full map counts as a drop */
     }
     struct rec_sync *r = RECORD(rec_sync, REC_SYNC, call, epoch);
     if (!r) return 0;
