@@ -14,6 +14,10 @@ Layouts:
          activations sent forward and gradients backward, grouped send/recv in the steady state),
          and the ranks of one stage form a data-parallel communicator.
 
+train_async.py (the async variant) builds on this file: its rank is a subclass of `Rank` that
+overrides the hooks `create_streams`, `allreduce`, `wait_for_grads`, `meta_extra`, `step_extra`,
+`before_steps`, `after_steps` and `teardown`, and its `main` is `run_rank` with its own class.
+
 Run by hand (from a scratch directory; see README.md):
   STANDIN_LIBDIR=$(python -m tests.standins.build) RANK=0 WORLD_SIZE=1 python train.py --steps 3
 """
@@ -28,7 +32,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
+from typing import IO, Any, Dict, List, Optional, Sequence, Tuple, Type
 
 LAYOUTS = ("dp", "pp-dp")
 
@@ -303,8 +307,7 @@ class Rank:
         self.ctx = ctypes.c_void_p()
         self.cu("cuCtxCreate_v2", ctypes.byref(self.ctx), 0, dev)
         self.cu("cuCtxSetCurrent", self.ctx)
-        self.stream = ctypes.c_void_p()
-        self.cu("cuStreamCreate", ctypes.byref(self.stream), 1)  # CU_STREAM_NON_BLOCKING
+        self.create_streams()
         image = "standin-module v1\n" + "".join(f"kernel {k} {ns}\n" for k, ns in KERNELS)
         module = ctypes.c_void_p()
         self.cu("cuModuleLoadData", ctypes.byref(module), image.encode())
@@ -321,6 +324,11 @@ class Rank:
         self.acts = (
             [self.alloc(ACT_ELEMS * 2) for _ in range(PP_MICROBATCHES)] if self.layout == "pp-dp" else []
         )
+
+    def create_streams(self) -> None:
+        """Hook: the stream kernels and copies go to (`self.stream`); here NCCL uses it too."""
+        self.stream = ctypes.c_void_p()
+        self.cu("cuStreamCreate", ctypes.byref(self.stream), 1)  # CU_STREAM_NON_BLOCKING
 
     def alloc(self, nbytes: int) -> int:
         p = ctypes.c_uint64()
@@ -384,10 +392,14 @@ class Rank:
         src = ctypes.addressof(self.batch_host)
         self.cu("cuMemcpyHtoDAsync_v2", self.batch_dev, src, BATCH_BYTES, self.stream)
 
-    def allreduce(self, comm: Comm, buf: int, first: bool) -> None:
-        if first:
+    def allreduce(self, comm: Comm, buf: int, bucket: int) -> None:
+        """Hook: one gradient bucket's all-reduce (a hang fault strikes before a step's first)."""
+        if bucket == 0:
             self.maybe_hang()
         self.nc("ncclAllReduce", buf, buf, BUCKET_ELEMS, NCCL_FLOAT32, NCCL_SUM, comm.handle, self.stream)
+
+    def wait_for_grads(self) -> None:
+        """Hook: before the optimizer, make it wait for the all-reduces (here they blocked already)."""
 
     def optimizer_and_loss(self) -> None:
         self.launch("multi_tensor_l2norm_kernel", 256)
@@ -413,7 +425,8 @@ class Rank:
             self.layer_bwd()
             if (i + 1) % per_bucket == 0:
                 b = i // per_bucket
-                self.allreduce(comm, self.grads[b], first=b == 0)
+                self.allreduce(comm, self.grads[b], b)
+        self.wait_for_grads()
         self.optimizer_and_loss()
 
     def pp_step(self) -> None:
@@ -470,7 +483,7 @@ class Rank:
                 else:
                     send(i)
         for b, g in enumerate(self.grads):
-            self.allreduce(dp, g, first=b == 0)
+            self.allreduce(dp, g, b)
         self.optimizer_and_loss()
 
     # -------------------------------------------------------------------- faults
@@ -521,12 +534,14 @@ class Rank:
             layout=self.layout,
             job=self.job,
             steps=self.steps,
+            **self.meta_extra(),
             comms=[
                 {"name": c.name, "nranks": len(c.members), "rank": c.rank, "members": list(c.members)}
                 for c in self.comms.values()
             ],
             faults=[f.to_json() for f in self.faults],
         )
+        self.before_steps()
         cpu0, wall0 = time.process_time(), time.monotonic()
         for step in range(self.steps):
             self.step = step
@@ -545,7 +560,9 @@ class Rank:
                 start_wall_ns=w0,
                 end_wall_ns=w1,
                 faults=[f.kind for f in self.faults if f.active(step)],
+                **self.step_extra(),
             )
+        self.after_steps()
         self.write(
             kind="done",
             steps=self.steps,
@@ -553,13 +570,52 @@ class Rank:
             wall_s=round(time.monotonic() - wall0, 4),
             mono_ns=time.monotonic_ns(),
         )
+        self.teardown()
         for c in self.comms.values():
             self.nc("ncclCommDestroy", c.handle)
 
+    # hooks around the step loop (a variant's additions; nothing here)
+
+    def meta_extra(self) -> Dict[str, Any]:
+        """Fields of the `meta` line after `steps`."""
+        return {}
+
+    def step_extra(self) -> Dict[str, Any]:
+        """Fields at the end of the `step` line of the step just finished."""
+        return {}
+
+    def before_steps(self) -> None:
+        """After the `meta` line, before the first step."""
+
+    def after_steps(self) -> None:
+        """After the last step, before the `done` line."""
+
+    def teardown(self) -> None:
+        """After the `done` line, before the communicators are destroyed."""
+
+    def write_error(self, call: str, code: int, message: str) -> None:
+        """The `error` line: a CUDA or NCCL call failed."""
+        self.write(
+            kind="error",
+            step=self.step,
+            call=call,
+            code=code,
+            message=message,
+            mono_ns=time.monotonic_ns(),
+            wall_ns=time.time_ns(),
+        )
+
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(description="one rank of a stand-in training job")
-    p.add_argument("--layout", choices=LAYOUTS, default="dp")
+    return run_rank(argv, Rank, "one rank of a stand-in training job", LAYOUTS)
+
+
+def run_rank(
+    argv: Optional[List[str]], rank_class: Type[Rank], description: str, layouts: Sequence[str]
+) -> int:
+    """A trainer's command line: parse it, open rank<R>.jsonl, run `rank_class`; the exit code."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--layout", choices=layouts, default="dp")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--inject", action="append", default=[], metavar="SPEC", help=SPEC_HELP)
     p.add_argument("--run-dir", default=".")
@@ -570,7 +626,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "0"))
     with open(Path(args.run_dir) / f"rank{rank}.jsonl", "a") as truth:
         try:
-            r = Rank(args, truth)
+            r = rank_class(args, truth)
         except SpecError as e:
             print(e, file=sys.stderr)
             return 2
@@ -578,15 +634,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             r.run(args.gate)
         except (CudaError, NcclError) as e:
             print(f"rank {rank}: {e}", file=sys.stderr)
-            r.write(
-                kind="error",
-                step=r.step,
-                call=e.call,
-                code=e.code,
-                message=str(e),
-                mono_ns=time.monotonic_ns(),
-                wall_ns=time.time_ns(),
-            )
+            r.write_error(e.call, e.code, str(e))
             return 3
     return 0
 

@@ -24,6 +24,10 @@ computes cuEventElapsedTime(start, end) (with timing) and retires the work, retu
 a cache (events are created on first use and reused, as PyTorch's event cache does). An async NCCL
 error tears the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING=3, the default).
 
+The rank is train.py's `Rank` with its hooks filled in (streams, the all-reduce, work.wait(), the
+extra truth fields, the watchdog's start and stop, the events' destruction); the command line,
+the fault specs and the rest of the step are train.py's.
+
 Truth (rank<R>.jsonl), as train.py writes it, plus in each `step` line `colls`: per all-reduce the
 host's time around ncclAllReduce and what the library saw (CLOCK_REALTIME ns): gpu_arrive_ns (this
 rank's NCCL stream worker reached it), gpu_start_ns (every member's had), gpu_end_ns,
@@ -43,7 +47,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, Any, Dict, List, Optional, Tuple
 
 try:
@@ -122,6 +125,8 @@ class AsyncRank(base.Rank):
         self.coll_seq: Dict[str, int] = {}
         self.step_colls: List[Dict[str, Any]] = []
         self.stop_watchdog = threading.Event()
+        self.dog: Optional[threading.Thread] = None
+        self.last_end: Optional[ctypes.c_void_p] = None  # the end event of the last bucket's work
 
     def write(self, **fields: Any) -> None:
         with self._wlock:
@@ -129,34 +134,13 @@ class AsyncRank(base.Rank):
 
     # -------------------------------------------------------------------- setup
 
-    def setup_cuda(self) -> None:
-        self.cu("cuInit", 0)
-        n = ctypes.c_int()
-        self.cu("cuDeviceGetCount", ctypes.byref(n))
-        dev = ctypes.c_int()
-        self.cu("cuDeviceGet", ctypes.byref(dev), self.local_rank % n.value)
-        self.ctx = ctypes.c_void_p()
-        self.cu("cuCtxCreate_v2", ctypes.byref(self.ctx), 0, dev)
-        self.cu("cuCtxSetCurrent", self.ctx)
+    def create_streams(self) -> None:
         self.stream = ctypes.c_void_p(None)  # compute: the legacy default stream
         least, greatest = ctypes.c_int(), ctypes.c_int()
         self.cu("cuCtxGetStreamPriorityRange", ctypes.byref(least), ctypes.byref(greatest))
         self.nccl_stream = ctypes.c_void_p()  # getStreamFromPool(isHighPriority)
         prio = greatest.value if self.high_priority else least.value
         self.cu("cuStreamCreateWithPriority", ctypes.byref(self.nccl_stream), CU_STREAM_NON_BLOCKING, prio)
-        image = "standin-module v1\n" + "".join(f"kernel {k} {ns}\n" for k, ns in base.KERNELS)
-        module = ctypes.c_void_p()
-        self.cu("cuModuleLoadData", ctypes.byref(module), image.encode())
-        for name, _ in base.KERNELS:
-            f = ctypes.c_void_p()
-            self.cu("cuModuleGetFunction", ctypes.byref(f), module, name.encode())
-            self.funcs[name] = f
-        self.batch_host = ctypes.create_string_buffer(base.BATCH_BYTES)
-        self.loss_host = ctypes.c_float()
-        self.batch_dev = self.alloc(base.BATCH_BYTES)
-        self.loss_dev = self.alloc(4)
-        self.grads = [self.alloc(base.BUCKET_ELEMS * 4) for _ in range(base.DP_BUCKETS)]
-        self.acts = []
 
     # -------------------------------------------------------------------- events
 
@@ -181,8 +165,9 @@ class AsyncRank(base.Rank):
 
     # -------------------------------------------------------------------- work
 
-    def allreduce_async(self, comm: base.Comm, buf: int, bucket: int) -> ctypes.c_void_p:
-        """ProcessGroupNCCL::allreduce as the GPU-facing calls go; returns the work's end event."""
+    def allreduce(self, comm: base.Comm, buf: int, bucket: int) -> None:
+        """ProcessGroupNCCL::allreduce as the GPU-facing calls go; the work's end event becomes
+        `last_end`."""
         if bucket == 0:
             self.maybe_hang()
         pre = self.sync_event(comm)
@@ -212,26 +197,13 @@ class AsyncRank(base.Rank):
         self.step_colls.append(
             {"comm": comm.name, "seq": seq, "bucket": bucket, "host_enter_ns": t0, "host_exit_ns": t1}
         )
-        return end
+        self.last_end = end
 
-    def dp_step(self) -> None:
-        comm = self.comms["dp"]
-        self.data()
-        self.maybe_stall()
-        self.launch("embedding_fwd_kernel", 128)
-        for _ in range(base.LAYERS):
-            self.layer_fwd()
-        self.launch("cross_entropy_fwd_kernel", 64)
-        self.launch("cross_entropy_bwd_kernel", 64)
-        per_bucket = base.LAYERS // base.DP_BUCKETS
-        last_end: Optional[ctypes.c_void_p] = None
-        for i in range(base.LAYERS):
-            self.layer_bwd()
-            if (i + 1) % per_bucket == 0:
-                last_end = self.allreduce_async(comm, self.grads[i // per_bucket], i // per_bucket)
-        assert last_end is not None
-        self.cu("cuStreamWaitEvent", self.stream, last_end, 0)  # work.wait()
-        self.optimizer_and_loss()
+    def wait_for_grads(self) -> None:
+        """work.wait() of the last bucket: the compute stream waits for its end event."""
+        assert self.last_end is not None
+        self.cu("cuStreamWaitEvent", self.stream, self.last_end, 0)
+        self.last_end = None
 
     def coll_truth(self) -> List[Dict[str, Any]]:
         """This step's collectives with the library's times (all done: the step synced on them)."""
@@ -317,61 +289,22 @@ class AsyncRank(base.Rank):
     def fail(self, call: str, code: int, message: str) -> None:
         """Tear the process down, as TORCH_NCCL_ASYNC_ERROR_HANDLING=3 does."""
         print(f"rank {self.rank}: watchdog: {message}", file=sys.stderr)
-        self.write(
-            kind="error",
-            step=self.step,
-            call=call,
-            code=code,
-            message=message,
-            mono_ns=time.monotonic_ns(),
-            wall_ns=time.time_ns(),
-        )
+        self.write_error(call, code, message)
         os._exit(3)
 
-    # -------------------------------------------------------------------- main
+    # -------------------------------------------------------------------- hooks of the step loop
 
-    def run(self, gated: bool) -> None:
-        if gated:
-            self.gate()
-        self.setup_cuda()
-        self.setup_comms()
-        self.write(
-            kind="meta",
-            pid=os.getpid(),
-            rank=self.rank,
-            world=self.world,
-            local_rank=self.local_rank,
-            layout=self.layout,
-            job=self.job,
-            steps=self.steps,
-            variant="async",
-            host=self.host,
-            nccl_timing=self.timing,
-            comms=[
-                {"name": c.name, "nranks": len(c.members), "rank": c.rank, "members": list(c.members)}
-                for c in self.comms.values()
-            ],
-            faults=[f.to_json() for f in self.faults],
-        )
-        dog = threading.Thread(target=self.watchdog, name="pg-nccl-watchdog", daemon=True)
-        dog.start()
-        cpu0, wall0 = time.process_time(), time.monotonic()
-        for step in range(self.steps):
-            self.step = step
-            self.apply_onsets(step)
-            t0, w0 = time.monotonic_ns(), time.time_ns()
-            self.dp_step()
-            t1, w1 = time.monotonic_ns(), time.time_ns()
-            self.write(
-                kind="step",
-                step=step,
-                start_mono_ns=t0,
-                end_mono_ns=t1,
-                start_wall_ns=w0,
-                end_wall_ns=w1,
-                faults=[f.kind for f in self.faults if f.active(step)],
-                colls=self.coll_truth(),
-            )
+    def meta_extra(self) -> Dict[str, Any]:
+        return {"variant": "async", "host": self.host, "nccl_timing": self.timing}
+
+    def step_extra(self) -> Dict[str, Any]:
+        return {"colls": self.coll_truth()}
+
+    def before_steps(self) -> None:
+        self.dog = threading.Thread(target=self.watchdog, name="pg-nccl-watchdog", daemon=True)
+        self.dog.start()
+
+    def after_steps(self) -> None:
         deadline = time.monotonic() + 1.0  # let the watchdog retire the last step's works
         while time.monotonic() < deadline:
             with self.works_lock:
@@ -379,52 +312,16 @@ class AsyncRank(base.Rank):
                     break
             time.sleep(0.02)
         self.stop_watchdog.set()
-        dog.join()
-        self.write(
-            kind="done",
-            steps=self.steps,
-            cpu_s=round(time.process_time() - cpu0, 4),
-            wall_s=round(time.monotonic() - wall0, 4),
-            mono_ns=time.monotonic_ns(),
-        )
+        if self.dog is not None:
+            self.dog.join()
+
+    def teardown(self) -> None:
         for ev in [*self.all_events, *self.sync_events.values()]:
             self.cu("cuEventDestroy_v2", ev)
-        for c in self.comms.values():
-            self.nc("ncclCommDestroy", c.handle)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(description="one rank of a stand-in job (async variant, DDP-like)")
-    p.add_argument("--layout", choices=("dp",), default="dp")
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--inject", action="append", default=[], metavar="SPEC", help=base.SPEC_HELP)
-    p.add_argument("--run-dir", default=".")
-    p.add_argument("--gate", action="store_true", help="load the libraries, then wait for RUN_DIR/release")
-    p.add_argument("--rank", type=int, default=None, help="this rank (default: RANK)")
-    p.add_argument("--world-size", type=int, default=None, help="ranks in the job (default: WORLD_SIZE)")
-    args = p.parse_args(argv)
-    rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "0"))
-    with open(Path(args.run_dir) / f"rank{rank}.jsonl", "a") as truth:
-        try:
-            r = AsyncRank(args, truth)
-        except base.SpecError as e:
-            print(e, file=sys.stderr)
-            return 2
-        try:
-            r.run(args.gate)
-        except (base.CudaError, base.NcclError) as e:
-            print(f"rank {rank}: {e}", file=sys.stderr)
-            r.write(
-                kind="error",
-                step=r.step,
-                call=e.call,
-                code=e.code,
-                message=str(e),
-                mono_ns=time.monotonic_ns(),
-                wall_ns=time.time_ns(),
-            )
-            return 3
-    return 0
+    return base.run_rank(argv, AsyncRank, "one rank of a stand-in job (async variant, DDP-like)", ("dp",))
 
 
 if __name__ == "__main__":
