@@ -35,6 +35,7 @@ class Blocked:
     pc: int
     comm: int = 0  # the communicator handle found on its stack (an NCCL call), 0 when none
     away: int = 0  # rescans in a row that read it in a syscall outside the call
+    channel: str = ""  # the channel of the library it is in ("nccl": `comm` was looked for)
 
 
 COMM_SCAN_BYTES = 16 * 1024  # of the blocked thread's stack, from its stack pointer up
@@ -77,14 +78,15 @@ class AttachState:
     steps_at_scan: int = 0
 
 
-def _entry_point(t: threadscan.ThreadScan, probed: Dict[str, set]) -> Optional[str]:
-    """The outermost frame of the thread that is a probed call of its library (what the program
-    called: ncclAllReduce, cuStreamSynchronize), else its innermost named library frame."""
+def _entry_point(t: threadscan.ThreadScan, probed: Dict[str, set]) -> Optional[Tuple[str, str]]:
+    """(call, library basename): the outermost frame of the thread that is a probed call of its
+    library (what the program called: ncclAllReduce, cuStreamSynchronize), else its innermost
+    named library frame."""
     for f in reversed(t.native):
         if f.symbol is not None and f.symbol in probed.get(f.library, ()):
-            return f.symbol
+            return f.symbol, f.library
     fr: Optional[NativeFrame] = t.frame
-    return fr.label() if fr is not None else None
+    return (fr.label(), fr.library) if fr is not None else None
 
 
 def _probed(lp: LibraryProbes) -> set:
@@ -138,16 +140,18 @@ class AttachScans:
         texts = self._libraries(pid, libs)
         ps = threadscan.scan(pid, texts, python)
         probed = {t.name: _probed(lp) for t, lp in zip(texts, libs)}
+        channels = {t.name: lp.channel.name for t, lp in zip(texts, libs)}
         now = time.monotonic_ns()
         st = AttachState(pid, where=ps.where(), where_ns=now, steps_at_scan=steps)
         for t in ps.threads:
             if not t.in_library:
                 continue
-            call = _entry_point(t, probed)
+            hit = _entry_point(t, probed)
             sp_pc = threadscan.sp_pc(pid, t.tid)
-            if call is not None and sp_pc is not None:
-                comm = comm_on_stack(pid, sp_pc[0], is_comm) if is_comm and call.startswith("nccl") else 0
-                st.blocked.append(Blocked(t.tid, call, now, *sp_pc, comm=comm))
+            if hit is not None and sp_pc is not None:
+                call, channel = hit[0], channels.get(hit[1], "")
+                comm = comm_on_stack(pid, sp_pc[0], is_comm) if is_comm and channel == "nccl" else 0
+                st.blocked.append(Blocked(t.tid, call, now, *sp_pc, comm=comm, channel=channel))
         self.state[pid] = st
         return st
 
@@ -187,7 +191,8 @@ class AttachScans:
                     pass  # on a CPU, or unreadable: nothing learned
                 else:
                     probed = {lp.library.path.rsplit("/", 1)[-1]: _probed(lp) for lp in libs}
-                    if t.in_library and _entry_point(t, probed) == b.call:
+                    hit = _entry_point(t, probed)
+                    if t.in_library and hit is not None and hit[0] == b.call:
                         b.sp, b.pc, b.away = now[0], now[1], 0
                     else:
                         b.away += 1

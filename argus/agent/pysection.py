@@ -11,12 +11,13 @@ attributed to the phase of the stack it was taken with (docs/probe.md, "Python p
 from __future__ import annotations
 
 import bisect
+import functools
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from argus.agent.phases import OTHER, PhaseMatcher, fold
-from argus.probes.base import call_name
+from argus.probes import base
 from argus.probes.cpython import Frame
 from argus.probes.records import PROF_OFFCPU, PROF_ONCPU, RecElapsed, RecEventRecord, RecPyCall, RecPyMark
 
@@ -25,32 +26,23 @@ MAX_MARKS = 20000  # recent native-call walks kept for labelling timers
 # steps of 60 ms), by when its events were recorded again
 EVENT_RECORDS_KEPT = 64
 MAX_EPOCHS = 4096
-SYNC_CALLS = frozenset(
-    {
-        "cuStreamSynchronize",
-        "cuEventSynchronize",
-        "cuCtxSynchronize",
-        "cuMemcpyHtoD_v2",
-        "cuMemcpyDtoH_v2",
-        "cuMemcpyDtoD_v2",
-        "cuMemsetD8_v2",
-        "cuMemsetD32_v2",
-    }
-)
-
 StackResolver = Callable[[int], Optional[List[Frame]]]  # stack id -> frames, innermost first
 
 
-def call_class(name: str) -> str:
-    if name.startswith("cuLaunchKernel"):
-        return "launches"
-    if name in SYNC_CALLS:
-        return "syncs"
-    if name == "cuEventRecord":
-        return "event_records"
-    if name.startswith("nccl"):
-        return "collectives"
-    return "other_calls"
+# the `calls` key a native call's walk counts under, by the call table's class of the call (a graph
+# launch is none of these: other_calls)
+_MARK_KEYS = {
+    base.LAUNCH: "launches",
+    base.SYNC: "syncs",
+    base.EVENT_RECORD: "event_records",
+    base.COLLECTIVE: "collectives",
+    base.P2P: "collectives",
+}
+
+
+@functools.cache  # per mark record: a call id's key is looked up once (ids never change)
+def mark_key(call: int) -> str:
+    return _MARK_KEYS.get(base.call_class(call), "other_calls")
 
 
 @dataclass
@@ -106,9 +98,8 @@ class PythonSection:
         v[1] += ns
 
     def on_mark(self, r: RecPyMark) -> None:
-        name = call_name(r.h.call)
         marks = self._epoch(r.h.epoch).marks
-        marks[(r.stack, call_class(name))] += r.weight
+        marks[(r.stack, mark_key(r.h.call))] += r.weight
         # event records are not walked (argus/bpf/python.bpf.c, PY_HIT_EVENT): they force a walk at the
         # thread's next launch, and take that walk's phase
         waiting = self.pending_events.pop(r.h.tid, 0)

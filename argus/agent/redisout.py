@@ -67,7 +67,7 @@ def heartbeats(s: Session, agent: str, host: str) -> List[Heartbeat]:
             continue
         comm: Optional[str] = None
         seq: Optional[int] = None
-        if f["call"].startswith("nccl") and f["handle"]:
+        if f["channel"] == "nccl" and f["handle"]:
             info = tf.tracker.comms.get(f["handle"])
             comm = info.key if info is not None else f"{f['handle']:016x}"
             if libnccl.OPS.get(f["call"]) in COLLECTIVES:

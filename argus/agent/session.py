@@ -24,14 +24,13 @@ from argus.agent.identity import Identity
 from argus.agent.keeper import Keeper
 from argus.agent.keeper import close_fds as _close_fds
 from argus.agent.launchwin import ATTACH, DETACH, LaunchWindows
-from argus.agent.tracker import STEP_MARKER, RankTracker
+from argus.agent.tracker import RankTracker
 from argus.errors import ArgusError, EnvironmentProblem, NotATarget, SymbolMissing
 from argus.probes import cpython, libcuda, libcudart, libnccl
-from argus.probes.base import Channel, LibraryProbes, MappedLibrary, confirm_stubs, register_calls, resolve
+from argus.probes.base import Channel, LibraryProbes, MappedLibrary, confirm_stubs, resolve
 from argus.probes.elf import Elf
 from argus.probes.records import DROP_NAMES, DecodeError, TargetCfg, decode_at
 
-register_calls([STEP_MARKER])
 AUX_CHANNELS = ("python", "host")  # no uprobe specs of their own: argus/agent/pyagent.py
 ALL_CHANNELS: Tuple[Channel, ...] = (libcuda.CHANNEL, libcudart.CHANNEL, libnccl.CHANNEL)
 DETECT: Dict[str, Callable[[int], Optional[MappedLibrary]]] = {
@@ -478,7 +477,7 @@ class Session:
 
     def inflight(self) -> List[dict]:
         """Calls entered and not returned (what a hung rank is blocked in)."""
-        from argus.probes.base import call_name
+        from argus.probes.base import call_channel, call_name
 
         now = time.monotonic_ns()
         out = []
@@ -489,6 +488,7 @@ class Session:
                         "pid": v.tgid,
                         "tid": int(k.value) >> 1,
                         "call": call_name(v.call),
+                        "channel": call_channel(v.call),
                         "since_ns": v.enter_ns,
                         "age_s": (now - v.enter_ns) / 1e9,
                         "handle": v.handle,
@@ -508,6 +508,7 @@ class Session:
                         "pid": pid,
                         "tid": b.tid,
                         "call": b.call,
+                        "channel": b.channel,
                         "since_ns": b.since_ns,
                         "age_s": (now - b.since_ns) / 1e9,
                         "handle": b.comm,

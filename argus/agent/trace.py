@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from argus.probes.base import call_name
+from argus.probes.base import ENQUEUE, LAUNCH, call_class, call_name
 from argus.probes.cpython import Frame
 from argus.probes.records import (
     RecCall,
@@ -187,13 +187,14 @@ class TraceBuilder:
     def _call(self, r: RecCall) -> None:
         pid, tid = r.h.tgid, r.h.tid
         name = call_name(r.h.call)
+        cls = call_class(r.h.call)
         args: Dict[str, Any] = {}
-        if name.startswith("cuLaunchKernel"):
+        if cls == LAUNCH:  # its argument is the CUfunction (a graph launch's is the graph)
             args["kernel"] = self.kernels.get(r.arg, f"fn@{r.arg:#x}")
         elif r.arg:
             args["bytes"] = r.arg
         self._x(name, "cuda", pid, self._thread(pid, tid), r.enter_ns, r.h.ts, args)
-        if name.startswith("cuLaunchKernel") or "Async" in name:
+        if cls == LAUNCH or cls == ENQUEUE:
             label = args.get("kernel", name)
             self._x(str(label), "cuda.enqueue", pid, self._stream(pid, r.stream), r.enter_ns, r.h.ts, args)
 

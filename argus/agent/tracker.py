@@ -17,7 +17,7 @@ from argus.agent.gpuarrive import GpuArrival
 from argus.agent.identity import Identity
 from argus.agent.steps import EpochSig, StepDetector
 from argus.probes import libcuda, libnccl
-from argus.probes.base import call_id, call_name
+from argus.probes.base import P2P, call_channel, call_id, call_name
 from argus.probes.records import (
     NCCL_F_IN_GROUP,
     RecCommInit,
@@ -31,11 +31,12 @@ from argus.probes.records import (
     RecStreamWait,
     RecSync,
 )
+from argus.probes.stepfn import STEP_MARKER
 
 SCHEMA = 1
 FNV_OFFSET = 0xCBF29CE484222325
 MAX_PENDING_EPOCHS = 4096
-STEP_MARKER = "step_marker"
+_STEP_MARKER = call_id(STEP_MARKER)
 GROUP_END = call_id("ncclGroupEnd")
 _STREAM_SYNC = call_id("cuStreamSynchronize")
 _EVENT_SYNC = call_id("cuEventSynchronize")
@@ -100,7 +101,7 @@ class EpochData:
     event_records: int = 0
 
 
-P2P_CALLS = frozenset(call_id(n) for n in ("ncclSend", "ncclRecv"))
+P2P_CALLS = frozenset(call_id(s.symbol) for s in libnccl.SPECS if s.cls == P2P)
 _DTYPE_SIZE = dict(enumerate(libnccl.DTYPE_SIZES))
 
 
@@ -359,7 +360,7 @@ class RankTracker:
             last = max(n.h.ts for n in d.nccl)
         s = d.sync
         sync = (s.h.call, s.handle, s.h.tid) if s is not None else None
-        marker = s is not None and call_name(s.h.call) == STEP_MARKER
+        marker = s is not None and s.h.call == _STEP_MARKER
         return EpochSig(
             e, sync, tuple(sorted(colls.items(), key=repr)), s.h.ts if s else 0, first, last, marker
         )
@@ -490,7 +491,7 @@ class RankTracker:
         for d in data:
             for n in d.nccl:
                 info = self.comms.get(n.comm)
-                if info is not None and info.created and call_name(n.h.call) not in ("ncclSend", "ncclRecv"):
+                if info is not None and info.created and n.h.call not in P2P_CALLS:
                     per_comm.setdefault(n.comm, []).append(n.seq)
         if per_comm:
             ref = max(per_comm, key=lambda c: (self.comms[c].nranks, len(per_comm[c]), c))
@@ -515,8 +516,8 @@ class RankTracker:
                 m[0] += c
                 m[1] += b
             for (call, res), c in d.errors.items():
-                name = call_name(call)
-                if name.startswith("cu") and not name.startswith("cuda"):  # cuda*: the runtime's
+                if call_channel(call) == "cuda":  # one errors map for every channel: the driver's here
+                    name = call_name(call)
                     errors.setdefault(name, {})[str(res)] = errors.get(name, {}).get(str(res), 0) + c
             if d.sync is not None:
                 s = sync_by.setdefault(call_name(d.sync.h.call), [0, 0])
@@ -565,11 +566,11 @@ class RankTracker:
         errors: Dict[str, Dict[str, int]] = {}
         for d in data:
             for call, c in d.calls.items():
-                if call_name(call).startswith("cuda"):
+                if call_channel(call) == "cudart":
                     calls[call_name(call)] += c
             for (call, res), c in d.errors.items():
-                name = call_name(call)
-                if name.startswith("cuda"):
+                if call_channel(call) == "cudart":
+                    name = call_name(call)
                     per = errors.setdefault(name, {})
                     per[str(res)] = per.get(str(res), 0) + c
         return {"calls": dict(calls), "errors": errors}
@@ -584,8 +585,8 @@ class RankTracker:
         for d in data:
             groups += d.calls.get(call_id("ncclGroupStart"), 0)
             for (call, res), c in d.errors.items():
-                name = call_name(call)
-                if name.startswith("nccl"):
+                if call_channel(call) == "nccl":
+                    name = call_name(call)
                     errors.setdefault(name, {})[str(res)] = errors.get(name, {}).get(str(res), 0) + c
             for n in d.nccl:
                 h = n.h
@@ -629,7 +630,7 @@ class RankTracker:
         inits = []
         for d in data:
             for call, c in d.calls.items():
-                if call_name(call).startswith("nccl"):
+                if call_channel(call) == "nccl":
                     calls[call_name(call)] += c
             for r in d.inits:
                 inits.append(

@@ -2,7 +2,9 @@
 
 Each probe target module (libcuda, libnccl, ...) exports its specs as frozen data and a
 `detect(pid)` returning the mapped library or None. Call ids are assigned here, once, and handed
-to the BPF programs as -D flags, so C and Python never disagree on what call 7 is.
+to the BPF programs as -D flags, so C and Python never disagree on what call 7 is. The same table
+says each call's channel and class, so the agent tells calls apart by what they are, never by how
+their names start.
 """
 
 from __future__ import annotations
@@ -20,6 +22,20 @@ from argus.probes.elf import Elf, ElfError
 from argus.probes.prologue import EntryPlan, plan_entry
 from argus.probes.trampoline import Stub, find_stub
 
+# What kind of call a probed call is (UprobeSpec.cls): what the agent does with its records and counts.
+LAUNCH = "launch"  # enqueues one kernel (cuLaunchKernel, cuLaunchKernelEx)
+GRAPH_LAUNCH = "graph_launch"  # enqueues a CUDA graph: many kernels for one call, keyed by the graph
+SYNC = "sync"  # the host waits for the GPU: closes an epoch (argus/bpf/cuda.bpf.c SYNC_PROBE)
+ENQUEUE = "enqueue"  # stream-ordered, the host does not wait: async copies, memsets, allocations
+EVENT_RECORD = "event_record"
+COLLECTIVE = "collective"  # an NCCL collective: every rank of the communicator calls it, in order
+P2P = "p2p"  # ncclSend/ncclRecv: between two ranks, not numbered across the communicator
+GROUP = "group"  # ncclGroupStart/ncclGroupEnd
+COMM_INIT = "comm_init"  # creates a communicator
+NET_SEND = "net_send"  # a network transport's send, on NCCL's proxy thread
+MARKER = "marker"  # --step-fn: the user's step function
+CALL = "call"  # anything else: counted, its errors too
+
 
 @dataclass(frozen=True)
 class UprobeSpec:
@@ -29,6 +45,7 @@ class UprobeSpec:
     required: bool = False
     handler: str = ""  # the call whose BPF programs and call id this symbol shares (a `_ptsz` variant)
     report_missing: bool = True  # False: many builds lack it (variants, newer calls): absent is normal
+    cls: str = CALL  # what kind of call (LAUNCH, SYNC, ...): the call table's class of its call id
 
     @property
     def prog(self) -> str:
@@ -88,20 +105,60 @@ class LibraryProbes:
 
 # Every call any channel probes, in a fixed order: the index is the call id in records and maps.
 ALL_CALLS: List[str] = []
+# per call id (index id - 1): the channel that probes it ("cuda", "cudart", "nccl", "step") and its
+# class; read where summaries are cut (per step, per record where a record needs it: a list index)
+CALL_CHANNELS: List[str] = []
+CALL_CLASSES: List[str] = []
+_IDS: Dict[str, int] = {}
 
 
-def register_calls(names: Sequence[str]) -> None:
+def register_calls(names: Sequence[str], channel: str = "", cls: str = CALL) -> None:
+    """Give each call an id, once; a registration that names the channel completes a bare one."""
     for n in names:
-        if n not in ALL_CALLS:
+        i = _IDS.get(n)
+        if i is None:
             ALL_CALLS.append(n)
+            CALL_CHANNELS.append(channel)
+            CALL_CLASSES.append(cls)
+            _IDS[n] = len(ALL_CALLS)
+        elif channel and not CALL_CHANNELS[i - 1]:
+            CALL_CHANNELS[i - 1], CALL_CLASSES[i - 1] = channel, cls
+
+
+def register_channel(channel: Channel) -> None:
+    """Every call of a channel's specs, with its class; a variant (`handler`) shares its call's id."""
+    for s in channel.specs:
+        if not s.handler:
+            register_calls([s.symbol], channel.name, s.cls)
 
 
 def call_id(name: str) -> int:
-    return ALL_CALLS.index(name) + 1
+    i = _IDS.get(name)
+    if i is None:
+        raise ValueError(f"{name!r} is not a probed call")
+    return i
 
 
 def call_name(cid: int) -> str:
     return ALL_CALLS[cid - 1] if 0 < cid <= len(ALL_CALLS) else f"call#{cid}"
+
+
+def call_channel(cid: int) -> str:
+    """The channel of a call id ("" for an id no channel registered)."""
+    return CALL_CHANNELS[cid - 1] if 0 < cid <= len(CALL_CHANNELS) else ""
+
+
+def call_class(cid: int) -> str:
+    return CALL_CLASSES[cid - 1] if 0 < cid <= len(CALL_CLASSES) else CALL
+
+
+def calls_of(channel: str = "", cls: str = "") -> frozenset:
+    """Names of the registered calls of a channel and/or class."""
+    return frozenset(
+        n
+        for n, ch, c in zip(ALL_CALLS, CALL_CHANNELS, CALL_CLASSES)
+        if (not channel or ch == channel) and (not cls or c == cls)
+    )
 
 
 def call_cflags() -> List[str]:

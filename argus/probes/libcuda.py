@@ -8,27 +8,39 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-from argus.probes.base import Channel, MappedLibrary, UprobeSpec, find_library, register_calls
+from argus.probes.base import (
+    ENQUEUE,
+    EVENT_RECORD,
+    GRAPH_LAUNCH,
+    LAUNCH,
+    SYNC,
+    Channel,
+    MappedLibrary,
+    UprobeSpec,
+    find_library,
+    register_channel,
+)
 
 S = UprobeSpec
 SPECS: Tuple[UprobeSpec, ...] = (
-    S("cuLaunchKernel", required=True),
-    S("cuLaunchKernelEx"),
-    S("cuStreamSynchronize", required=True),
-    S("cuEventSynchronize"),
-    S("cuCtxSynchronize"),
-    S("cuMemcpyHtoD_v2"),
-    S("cuMemcpyDtoH_v2"),
-    S("cuMemcpyDtoD_v2"),
-    S("cuMemsetD8_v2"),
-    S("cuMemsetD32_v2"),
-    S("cuMemcpyHtoDAsync_v2"),
-    S("cuMemcpyDtoHAsync_v2"),
-    S("cuMemcpyDtoDAsync_v2"),
-    S("cuMemsetD8Async"),
+    S("cuLaunchKernel", required=True, cls=LAUNCH),
+    S("cuLaunchKernelEx", cls=LAUNCH),
+    # host-blocking: each closes an epoch (synchronous copies and memsets wait for the stream too)
+    S("cuStreamSynchronize", required=True, cls=SYNC),
+    S("cuEventSynchronize", cls=SYNC),
+    S("cuCtxSynchronize", cls=SYNC),
+    S("cuMemcpyHtoD_v2", cls=SYNC),
+    S("cuMemcpyDtoH_v2", cls=SYNC),
+    S("cuMemcpyDtoD_v2", cls=SYNC),
+    S("cuMemsetD8_v2", cls=SYNC),
+    S("cuMemsetD32_v2", cls=SYNC),
+    S("cuMemcpyHtoDAsync_v2", cls=ENQUEUE),
+    S("cuMemcpyDtoHAsync_v2", cls=ENQUEUE),
+    S("cuMemcpyDtoDAsync_v2", cls=ENQUEUE),
+    S("cuMemsetD8Async", cls=ENQUEUE),
     S("cuMemAlloc_v2"),
     S("cuMemFree_v2"),
-    S("cuEventRecord"),
+    S("cuEventRecord", cls=EVENT_RECORD),
     S("cuEventElapsedTime"),
     S("cuModuleGetFunction"),
     S("cuInit", entry=False),
@@ -39,7 +51,7 @@ SPECS: Tuple[UprobeSpec, ...] = (
     S("cuStreamWaitEvent"),
     S("cuEventCreate", entry=False),
     S("cuEventQuery"),
-    S("cuGraphLaunch", report_missing=False),
+    S("cuGraphLaunch", report_missing=False, cls=GRAPH_LAUNCH),
 )
 # Per-thread default stream builds of the runtime (nvcc --default-stream per-thread) call these
 # variants; each counts as its call (the same BPF programs and call id). Many builds lack them.
@@ -61,7 +73,7 @@ _VARIANTS = {
 }
 _BASE = {s.symbol: s for s in SPECS}
 SPECS += tuple(
-    S(f"{call}_{suffix}", entry=_BASE[call].entry, handler=call, report_missing=False)
+    S(f"{call}_{suffix}", entry=_BASE[call].entry, handler=call, report_missing=False, cls=_BASE[call].cls)
     for suffix, calls in _VARIANTS.items()
     for call in calls
 )
@@ -71,7 +83,7 @@ ENTRY_ONLY: frozenset = frozenset()
 # launch on the CI VM (docs/benchmarks.md), so it is probed only for --launch-latency and `argus
 # record`. A failed launch still shows: frameworks check every launch and raise, and sticky
 # errors come back from the next sync, whose result is counted.
-LAUNCH_CALLS = frozenset({"cuLaunchKernel", "cuLaunchKernelEx", "cuGraphLaunch"})
+LAUNCH_CALLS = frozenset(s.symbol for s in SPECS if s.cls in (LAUNCH, GRAPH_LAUNCH) and not s.handler)
 
 
 def entry_only(launch_returns: bool) -> frozenset:
@@ -82,18 +94,9 @@ def entry_only(launch_returns: bool) -> frozenset:
 CHANNEL = Channel(
     name="cuda", library_re=r"libcuda\.so(\.\d+)*", source="cuda.bpf.c", specs=SPECS, macro="ARGUS_CUDA"
 )
-register_calls([s.symbol for s in SPECS if not s.handler])
+register_channel(CHANNEL)
 
-SYNC_CALLS = (
-    "cuStreamSynchronize",
-    "cuEventSynchronize",
-    "cuCtxSynchronize",
-    "cuMemcpyHtoD_v2",
-    "cuMemcpyDtoH_v2",
-    "cuMemcpyDtoD_v2",
-    "cuMemsetD8_v2",
-    "cuMemsetD32_v2",
-)
+SYNC_CALLS = tuple(s.symbol for s in SPECS if s.cls == SYNC and not s.handler)
 MEM_KINDS = ("HtoD", "DtoH", "DtoD", "memset", "alloc", "free", "free_unknown")
 
 

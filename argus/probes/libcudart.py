@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-from argus.probes.base import Channel, MappedLibrary, UprobeSpec, find_library, register_calls
+from argus.probes.base import ENQUEUE, Channel, MappedLibrary, UprobeSpec, find_library, register_channel
 
 S = UprobeSpec
+# Launches and syncs are plain calls here: this channel only counts calls and results (the driver
+# channel counts the launches and closes epochs at the syncs). Its stream-ordered calls are
+# enqueues, drawn on a stream in `argus record`'s trace.
 SPECS = (
     S("cudaRuntimeGetVersion", entry=False),
     S("cudaDriverGetVersion", entry=False),
@@ -26,11 +29,11 @@ SPECS = (
     S("cudaSetDevice", entry=False),
     S("cudaMalloc", entry=False),
     S("cudaFree", entry=False),
-    S("cudaMallocAsync", entry=False),
-    S("cudaFreeAsync", entry=False),
+    S("cudaMallocAsync", entry=False, cls=ENQUEUE),
+    S("cudaFreeAsync", entry=False, cls=ENQUEUE),
     S("cudaMemcpy", entry=False),
-    S("cudaMemcpyAsync", entry=False),
-    S("cudaMemsetAsync", entry=False),
+    S("cudaMemcpyAsync", entry=False, cls=ENQUEUE),
+    S("cudaMemsetAsync", entry=False, cls=ENQUEUE),
     S("cudaLaunchKernel", entry=False),
     S("cudaLaunchKernelExC", entry=False),
     S("cudaStreamCreate", entry=False),
@@ -51,7 +54,7 @@ CHANNEL = Channel(
     specs=SPECS,
     macro="ARGUS_CUDART",
 )
-register_calls([s.symbol for s in SPECS])
+register_channel(CHANNEL)
 # every runtime call is probed at return only
 ENTRY_ONLY: frozenset = frozenset()
 

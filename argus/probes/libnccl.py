@@ -10,38 +10,50 @@ import struct
 from dataclasses import dataclass
 from typing import Optional
 
-from argus.probes.base import Channel, LibraryProbes, MappedLibrary, UprobeSpec, find_library, register_calls
+from argus.probes.base import (
+    COLLECTIVE,
+    COMM_INIT,
+    GROUP,
+    NET_SEND,
+    P2P,
+    Channel,
+    LibraryProbes,
+    MappedLibrary,
+    UprobeSpec,
+    find_library,
+    register_channel,
+)
 from argus.probes.elf import Elf
 
 S = UprobeSpec
 SPECS = (
-    S("ncclAllReduce", required=True),
-    S("ncclBroadcast"),
-    S("ncclReduce"),
-    S("ncclAllGather", required=True),
-    S("ncclReduceScatter", required=True),
-    S("ncclSend"),
-    S("ncclRecv"),
-    S("ncclGroupStart"),
-    S("ncclGroupEnd"),
-    S("ncclCommInitRank", required=True),
-    S("ncclCommInitRankConfig"),
-    S("ncclCommSplit"),
+    S("ncclAllReduce", required=True, cls=COLLECTIVE),
+    S("ncclBroadcast", cls=COLLECTIVE),
+    S("ncclReduce", cls=COLLECTIVE),
+    S("ncclAllGather", required=True, cls=COLLECTIVE),
+    S("ncclReduceScatter", required=True, cls=COLLECTIVE),
+    S("ncclSend", cls=P2P),
+    S("ncclRecv", cls=P2P),
+    S("ncclGroupStart", cls=GROUP),
+    S("ncclGroupEnd", cls=GROUP),
+    S("ncclCommInitRank", required=True, cls=COMM_INIT),
+    S("ncclCommInitRankConfig", cls=COMM_INIT),
+    S("ncclCommSplit", cls=COMM_INIT),
     S("ncclGetVersion", entry=False),
     S("ncclGetUniqueId", entry=False),
     S("ncclCommDestroy", entry=False),
     S("ncclCommAbort", entry=False),
     # the network transports' send, run by the proxy thread (local symbols of NVIDIA's builds)
-    S("ncclNetSocketIsend", ret=False, report_missing=False),
-    S("ncclIbIsend", ret=False, report_missing=False),
+    S("ncclNetSocketIsend", ret=False, report_missing=False, cls=NET_SEND),
+    S("ncclIbIsend", ret=False, report_missing=False, cls=NET_SEND),
 )
 CHANNEL = Channel(
     name="nccl", library_re=r"libnccl\.so(\.\d+)*", source="nccl.bpf.c", specs=SPECS, macro="ARGUS_NCCL"
 )
-register_calls([s.symbol for s in SPECS])
+register_channel(CHANNEL)
 # ncclGroupStart has no return program; keep the table honest
 ENTRY_ONLY = frozenset({"ncclGroupStart", "ncclNetSocketIsend", "ncclIbIsend"})
-NET_SENDS = frozenset({"ncclNetSocketIsend", "ncclIbIsend"})
+NET_SENDS = frozenset(s.symbol for s in SPECS if s.cls == NET_SEND)
 
 OPS = {
     "ncclAllReduce": "AllReduce",
