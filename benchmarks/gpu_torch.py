@@ -75,7 +75,7 @@ def run(py: str, out: Path, steps: int, probe: bool, tag: str) -> Dict:
             time.sleep(0.1)
         if probe:
             sys.path.insert(0, str(REPO))
-            from argus.agent.session import inspect
+            from argus.agent.attach import inspect
             from argus.probes.base import confirm_stubs
 
             plan = inspect(p.pid)

@@ -13,10 +13,11 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 import click
 
 from argus import gctune, redisconf
-from argus.agent import bpfprog, discover, identity, launchwin, privs, pyopts
+from argus.agent import attach, bpfprog, discover, identity, launchwin, privs, pyopts
 from argus.agent import session as sess
 from argus.agent.redisout import RedisOut
 from argus.agent.render import RankView, render
+from argus.agent.targets import process_gone
 from argus.errors import ArgusError, NoSuchProcess, UsageError
 from argus.probes import libcuda, libcudart, libnccl
 from argus.probes.base import Channel
@@ -356,7 +357,7 @@ class Prober:
 
     def run(self) -> int:
         for pid in self.pids:  # fail before compiling when a pid is not a target
-            sess.inspect(pid, self.channels)
+            attach.inspect(pid, self.channels)
         if self.all and not self.wait and not discover.candidates(self.match, self._python).pids:
             raise self._none_found()
         t0 = time.monotonic()
@@ -470,7 +471,7 @@ class Prober:
         for pid, until in list(self.rewatch.items()):
             if pid in s.targets or self._add(s, pid, explicit=False):  # (--all may have found it)
                 del self.rewatch[pid]
-            elif now > until or sess.process_gone(pid):
+            elif now > until or process_gone(pid):
                 del self.rewatch[pid]
                 self._say(f"pid {pid}: its new program never mapped libcuda/libcudart/libnccl: not traced")
 

@@ -1,4 +1,4 @@
-"""When kernel launches are probed: in windows of whole steps (pure; the session attaches).
+"""When kernel launches are probed: in windows of whole steps (pure; argus/agent/attach.py attaches).
 
 A launch is the one call a job makes hundreds to thousands of times a step, and its uprobe trap
 is most of what probing costs (docs/benchmarks.md 8.1). So by default the launch probes are
@@ -86,3 +86,25 @@ class LaunchWindows:
         del self.windows[:-64]  # steps are judged within seconds of their end
         self.next_open_ns = now_ns + (now_ns - self.opened_ns) * (self.period - self.on) // self.on
         self.opened_ns = None
+
+    def label(self, steps: Iterable[dict]) -> None:
+        """Say in each step summary whether its launches were counted whole (`sampled`); a step the
+        probes did not cover whole loses its launch data, which would be short."""
+        for d in steps:
+            if "start_ns" in d and "end_ns" in d and self.sampled(d["start_ns"], d["end_ns"]):
+                if "launches" in d.get("cuda", {}):
+                    d["cuda"]["launches"]["sampled"] = True
+            else:
+                mark_unsampled(d)
+
+
+def mark_unsampled(d: dict) -> None:
+    """Launch data of a step the launch probes did not cover whole: dropped, and said so."""
+    cu = d.get("cuda")
+    if cu is not None and "launches" in cu:
+        cu["launches"] = {"total": 0, "by_kernel": {}, "api_ns_log2_hist": {}, "sampled": False}
+    py = d.get("python")
+    if py is not None:
+        py.pop("gpu_phases", None)  # timers are labelled by the walks at launches
+        for calls in py.get("calls", {}).values():
+            calls.pop("launches", None)

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from argus.agent.drain import take
 from argus.agent.phases import PhaseMatcher
 from argus.agent.pysection import HostSection, PythonSection
 from argus.probes import cpython, usdt
@@ -337,63 +338,48 @@ class PyAgent:
         return False
 
     def drain(self, final: Dict[int, int], final_before: Dict[int, int]) -> None:
-        """Feed every complete epoch of the Python and host maps to the sections (as Session.drain)."""
+        """Feed every complete epoch of the Python and host maps to the sections (the session's
+        drain, argus/agent/drain.py, with the same epochs)."""
         self._drains += 1
         for t in self.targets.values():
             self.refresh_threads(t)
         if self.opts.python:
             self.bpf["py_unknown"].clear()  # every thread list was just re-read
-
-        def take(
-            table: str, on: Callable[[PyTarget, Any, Any], None], seen: Callable[[PyTarget, Any], object]
-        ) -> None:
-            tbl = self.bpf[table]
-            done = []
-            for k, v in tbl.items():
-                t = self.targets.get(k.tgid)
-                if t is None or k.tgid not in final:
-                    done.append(k)
-                    continue
-                seen(t, k)
-                if final_before[k.tgid] <= k.epoch < final[k.tgid]:
-                    on(t, k, v)
-                    done.append(k)
-                elif k.epoch < final_before[k.tgid]:
-                    done.append(k)
-            for k in done:
-                try:
-                    del tbl[k]
-                except KeyError:
-                    pass
-
-        if self.opts.python:
             take(
-                "py_prof",
+                self.bpf["py_prof"],
+                self.targets,
+                final,
+                final_before,
                 lambda t, k, v: (
                     t.python.add_prof(k.epoch, k.tid, k.stack, k.kind, v.count, v.ns) if t.python else None
                 ),
-                lambda t, k: self.frames(t, k.stack),
+                seen=lambda t, k: self.frames(t, k.stack),  # resolved while the process is alive
             )
             take(
-                "py_gc",
+                self.bpf["py_gc"],
+                self.targets,
+                final,
+                final_before,
                 lambda t, k, v: (
                     t.python.add_gc(k.epoch, k.gen, v.count, v.ns, v.max_ns, v.collected)
                     if t.python
                     else None
                 ),
-                lambda t, k: None,
             )
             if self._drains % 10 == 0:
                 self._trim_stacks()
         if self.opts.host:
             take(
-                "host_prof",
+                self.bpf["host_prof"],
+                self.targets,
+                final,
+                final_before,
                 lambda t, k, v: (
                     t.host.add_prof(k.epoch, k.tid, k.ustack, k.kstack, k.kind, v.count, v.ns)
                     if t.host
                     else None
                 ),
-                lambda t, k: self._native_folded(t, k.tid, k.ustack, k.kstack),
+                seen=lambda t, k: self._native_folded(t, k.tid, k.ustack, k.kstack),
             )
         if self._drains % 30 == 0:
             self._trim_offcpu()

@@ -17,8 +17,10 @@ import click
 
 from argus.agent import bpfprog, identity, pyopts
 from argus.agent import session as sess
+from argus.agent.attach import inspect
 from argus.agent.cli import DurationType
 from argus.agent.phases import OTHER
+from argus.agent.targets import process_gone
 from argus.agent.trace import Names, TraceBuilder, validate
 from argus.errors import NoSuchProcess, UsageError
 from argus.probes.records import RecFuncName, RecOffcpu, RecPySample
@@ -91,7 +93,7 @@ def record_cmd(
     channels += aux_channels
     opts = bpfprog.BpfOptions(ringbuf_pages=ringbuf_pages, record=True, launch_latency=True, **bpf_extra)
     for pid in pids:
-        sess.inspect(pid, channels)
+        inspect(pid, channels)
     return Recorder(channels, opts, py_opts, list(pids), duration, output).run()
 
 
@@ -133,7 +135,7 @@ class Recorder:
                     time.sleep(0.05)
                     s.consume()
                     resolved = self._resolve(s, resolved)  # names while the processes are alive
-                    if all(sess.process_gone(p) for p in self.pids):
+                    if all(process_gone(p) for p in self.pids):
                         break
             except KeyboardInterrupt:
                 pass

@@ -1,0 +1,113 @@
+"""Reading the BPF aggregation maps: every channel's per-epoch counts, handed over once each epoch
+is complete, then deleted.
+
+Every high-rate count is keyed by (tgid, epoch, ...) (docs/architecture.md, "Epochs"). An epoch
+gets no more increments once it was already closed at the previous drain (a thread that read the
+epoch counter just before the sync closed it may still add to it until then), so a drain hands
+over the epochs below `final` and deletes them; the entries of epochs below `final_before` (handed
+over at an earlier drain) that still appear are late increments of no step: deleted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar
+
+from argus.probes.records import DROP_NAMES
+
+T = TypeVar("T")
+
+
+def final_epochs(bpf: Any, targets: Mapping[int, Any]) -> Dict[int, int]:
+    """Per target pid: the first epoch not yet complete. Epochs closed before the previous drain
+    get no more updates; an exited process's are all complete. Advances each target's `seen_epoch`."""
+    cur = {int(k.value): int(v.value) for k, v in bpf["epochs"].items()}
+    final: Dict[int, int] = {}
+    for pid, t in targets.items():
+        now = cur.get(pid, 0)
+        final[pid] = min(t.seen_epoch, now) if t.alive else now + 1
+        t.seen_epoch = now
+    return final
+
+
+def take(
+    tbl: Any,
+    owners: Mapping[int, T],
+    final: Mapping[int, int],
+    final_before: Mapping[int, int],
+    on: Callable[[T, Any, Any], None],
+    seen: Optional[Callable[[T, Any], object]] = None,
+) -> None:
+    """The one drain of a map keyed by (tgid, epoch, ...): `on(owner, key, value)` for each entry
+    of an epoch in [final_before, final) of its process, then every such entry, and every entry of
+    a process no longer tracked or of an epoch already handed over, is deleted. `seen(owner, key)`
+    sees every entry of a tracked process first, complete or not (to name stacks while the process
+    is alive). Per entry (thousands a drain): nothing but the comparisons and the callback."""
+    done: List[Any] = []
+    for k, v in tbl.items():
+        tgid = k.tgid
+        owner = owners.get(tgid)
+        end = final.get(tgid)
+        if owner is None or end is None:
+            done.append(k)  # a process we no longer track
+            continue
+        if seen is not None:
+            seen(owner, k)
+        e = k.epoch
+        if e < final_before[tgid]:
+            done.append(k)  # a late increment of an epoch already handed over
+        elif e < end:
+            on(owner, k, v)
+            done.append(k)
+    for k in done:
+        try:
+            del tbl[k]
+        except KeyError:
+            pass
+
+
+# The CUDA, CUDA runtime and NCCL channels' maps: (map, only in the CUDA channel's unit, what a
+# tracker takes from an entry)
+COUNT_MAPS: Tuple[Tuple[str, bool, Callable[[Any, Any, Any], None]], ...] = (
+    ("launches", True, lambda t, k, v: t.tracker.add_launches(k.epoch, k.func, v.value)),
+    ("hists", True, lambda t, k, v: t.tracker.add_hist(k.epoch, k.slot, v.value)),
+    ("mem", True, lambda t, k, v: t.tracker.add_mem(k.epoch, k.kind, v.count, v.bytes)),
+    ("errors", False, lambda t, k, v: t.tracker.add_error(k.epoch, k.call, k.result, v.value)),
+    ("call_counts", False, lambda t, k, v: t.tracker.add_call(k.epoch, k.call, v.value)),
+)
+
+
+def drain_counts(
+    bpf: Any,
+    targets: Mapping[int, Any],
+    final: Mapping[int, int],
+    final_before: Mapping[int, int],
+    cuda: bool,
+) -> None:
+    """Every count map of the native channels into each target's tracker."""
+    for name, cuda_only, on in COUNT_MAPS:
+        if cuda or not cuda_only:
+            take(bpf[name], targets, final, final_before, on)
+
+
+def read_drops(bpf: Any, targets: Mapping[int, Any], totals: Dict[str, int]) -> None:
+    """Records the BPF side lost: the totals by kind, and per process (its tracker says them in its
+    next summary). Per-process entries exist only where records were lost: a handful."""
+    drops = bpf["drops"]
+    for i, name in DROP_NAMES.items():
+        v = int(drops[ctypes.c_int(i)].value)
+        if v:
+            totals[name] = v
+    by_pid = bpf["drops_by_pid"]
+    gone: List[Any] = []
+    for k, v in by_pid.items():
+        lost = targets.get(k.tgid)
+        if lost is None:
+            gone.append(k)
+        elif k.slot in DROP_NAMES:
+            lost.tracker.drops_total[DROP_NAMES[k.slot]] = int(v.value)
+    for k in gone:
+        try:
+            del by_pid[k]
+        except KeyError:
+            pass
