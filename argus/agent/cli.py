@@ -8,19 +8,22 @@ import re
 import signal
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import click
 
 from argus import gctune, redisconf
 from argus.agent import attach, bpfprog, discover, identity, launchwin, privs, pyopts
 from argus.agent import session as sess
+from argus.agent.pyagent import PyOptions
 from argus.agent.redisout import RedisOut
 from argus.agent.render import RankView, render
 from argus.agent.targets import process_gone
 from argus.errors import ArgusError, NoSuchProcess, UsageError
 from argus.probes import libcuda, libcudart, libnccl
 from argus.probes.base import Channel
+from argus.redisconf import RedisConf
 
 REWATCH_S = 60.0  # how long a pid that ran exec is watched for its new program to map the libraries
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -247,57 +250,74 @@ def probe_cmd(
     for pid in pids:
         if not os.path.exists(f"/proc/{pid}"):
             raise NoSuchProcess(f"no process with pid {pid}", "check the pid: ps -eo pid,cmd | grep -i train")
-    out = None
+    conf = None
     if redis_url:
         if redis_buffer < 1 or redis_maxlen < 1:
             raise UsageError("--redis-buffer and --redis-maxlen must be >= 1", "e.g. --redis-buffer 1000")
         conf = redisconf.parse(redis_url)  # a malformed URL is a usage error, before anything starts
         for w in conf.warnings:
             click.echo(f"warning: {w}", err=True)
-        out = RedisOut(conf, host, lambda m: click.echo(m, err=True), redis_buffer, redis_maxlen)
-    prober = Prober(
-        channels, opts, list(pids), all_, match, interval, duration, as_json, job, rank, host, step_fn, out
+    options = ProbeOptions(
+        channels=tuple(channels),
+        bpf=opts,
+        py=py_opts,
+        pids=tuple(pids),
+        all=all_,
+        match=match,
+        wait=wait,
+        interval=interval,
+        duration=duration,
+        as_json=as_json,
+        quiet=bool(aux.get("quiet")),
+        job=job,
+        rank=rank,
+        host=host,
+        step_fn=step_fn,
+        launch_window=window,
+        gpu_metrics=not aux.get("no_gpu_metrics"),
+        redis=conf,
+        redis_buffer=redis_buffer,
+        redis_maxlen=redis_maxlen,
     )
-    prober.py_opts = py_opts
-    prober.wait = wait
-    prober.launch_window = window
-    prober.gpu_metrics = not aux.get("no_gpu_metrics")
-    prober.quiet = bool(aux.get("quiet"))
-    return prober.run()
+    return Prober(options).run()
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """What `argus probe` was asked to do, checked by the click command: the Prober's one input."""
+
+    channels: Tuple[Channel, ...]
+    bpf: bpfprog.BpfOptions = field(default_factory=bpfprog.BpfOptions)
+    py: Optional[PyOptions] = None  # the Python and host channels (None: neither)
+    pids: Tuple[int, ...] = ()
+    all: bool = False  # --all: every rank on this host, new ones too
+    match: Optional[str] = None  # --all --match REGEX
+    wait: bool = False  # --all --wait: no match yet is no error
+    interval: float = 1.0  # s between drains and output
+    duration: Optional[float] = None  # s; None: until Ctrl-C or every target exited
+    as_json: bool = False
+    quiet: bool = False  # no rank table
+    job: Optional[str] = None
+    rank: Optional[int] = None  # --rank of the single -p target
+    host: Optional[str] = None
+    step_fn: Optional[str] = None  # --step-fn [LIB:]SYMBOL
+    launch_window: Optional[Tuple[int, int]] = None  # --launch-steps N/M (argus/agent/launchwin.py)
+    gpu_metrics: bool = True  # NVML channel (argus/gpu.py)
+    redis: Optional[RedisConf] = None  # --redis, parsed
+    redis_buffer: int = 10_000
+    redis_maxlen: int = 100_000
 
 
 class Prober:
     """The agent's main loop around a Session (kept out of the click function for readability)."""
 
-    py_opts: Optional[Any] = None  # argus.agent.pyagent.PyOptions (Python and host channels)
-    gpu_metrics: bool = False  # NVML channel (argus/gpu.py)
-    quiet: bool = False  # no rank table
-    gpu: Optional[Any] = None
-    launch_window: Optional[Tuple[int, int]] = None  # --launch-steps (argus/agent/launchwin.py)
-    wait: bool = False  # --all --wait: no match yet is no error
-
-    def __init__(
-        self,
-        channels: Sequence[Channel],
-        opts: bpfprog.BpfOptions,
-        pids: List[int],
-        all_: bool,
-        match: Optional[str],
-        interval: float,
-        duration: Optional[float],
-        as_json: bool,
-        job: Optional[str],
-        rank: Optional[int],
-        host: Optional[str],
-        step_fn: Optional[str],
-        redis_out: Optional[RedisOut] = None,
-    ) -> None:
-        self.channels, self.opts = channels, opts
-        self.redis = redis_out
-        self.pids, self.all, self.match = pids, all_, match
-        self.interval, self.duration, self.as_json = interval, duration, as_json
+    def __init__(self, options: ProbeOptions) -> None:
+        o = self.o = options
+        self.redis: Optional[RedisOut] = None
+        if o.redis is not None:
+            self.redis = RedisOut(o.redis, o.host, self._say, o.redis_buffer, o.redis_maxlen)
+        self.gpu: Optional[Any] = None
         self._drops_said, self._drops_next = 0, 0.0  # records lost in BPF already warned about
-        self.job, self.rank, self.host, self.step_fn = job, rank, host, step_fn
         self.stop = False
         self.views: Dict[int, RankView] = {}
         self.passed: Set[int] = set()  # --all: launchers and helpers already said to be no rank
@@ -305,11 +325,11 @@ class Prober:
 
     @property
     def _python(self) -> bool:
-        return bool(self.py_opts is not None and self.py_opts.python)
+        return bool(self.o.py is not None and self.o.py.python)
 
     def _discover(self) -> List[int]:
         """--all: the ranks on this host now; says once why a matched process is not one."""
-        found = discover.candidates(self.match, self._python)
+        found = discover.candidates(self.o.match, self._python)
         for pid in found.launchers:
             if pid not in self.passed:
                 self.passed.add(pid)
@@ -323,7 +343,7 @@ class Prober:
         return found.pids
 
     def _none_found(self) -> NoSuchProcess:
-        what = f"matches {self.match!r}" if self.match else "maps libcuda, libcudart or libnccl"
+        what = f"matches {self.o.match!r}" if self.o.match else "maps libcuda, libcudart or libnccl"
         return NoSuchProcess(
             f"no process on this host {what} (its command line or its parent's)",
             discover.suggestions(discover.scan(), os.getpid()) + "; --wait waits for one, -p PID names one",
@@ -334,18 +354,18 @@ class Prober:
 
     def _add(self, session: sess.Session, pid: int, explicit: bool) -> bool:
         try:
-            ident = identity.of_pid(pid, self.job, self.rank, self.host)
+            ident = identity.of_pid(pid, self.o.job, self.o.rank, self.o.host)
             t = session.add(pid, ident)
         except ArgusError:
             if explicit:
                 raise
             return False
         self.views[pid] = RankView(pid, ident.rank, ident.host)
-        if self.rank is not None:  # the flag wins; say so when the process says otherwise
-            own = identity.of_pid(pid, self.job, None, self.host)
-            if 0 <= own.rank != self.rank:
+        if self.o.rank is not None:  # the flag wins; say so when the process says otherwise
+            own = identity.of_pid(pid, self.o.job, None, self.o.host)
+            if 0 <= own.rank != self.o.rank:
                 why = f"rank {own.rank} from {own.rank_why}"
-                self._say(f"warning: pid {pid}: --rank {self.rank} overrides {why}")
+                self._say(f"warning: pid {pid}: --rank {self.o.rank} overrides {why}")
         libs = ", ".join(f"{lp.library.path}" for lp in t.libraries.values())
         self._say(
             f"pid {pid}: rank {ident.rank if ident.rank >= 0 else '?'} of job {ident.job} on {ident.host} "
@@ -356,27 +376,26 @@ class Prober:
         return True
 
     def run(self) -> int:
-        for pid in self.pids:  # fail before compiling when a pid is not a target
-            attach.inspect(pid, self.channels)
-        if self.all and not self.wait and not discover.candidates(self.match, self._python).pids:
+        o = self.o
+        for pid in o.pids:  # fail before compiling when a pid is not a target
+            attach.inspect(pid, o.channels)
+        if o.all and not o.wait and not discover.candidates(o.match, self._python).pids:
             raise self._none_found()
         t0 = time.monotonic()
-        s = sess.Session(
-            self.channels, self.opts, self.step_fn, py_opts=self.py_opts, launch_window=self.launch_window
-        )
-        if self.gpu_metrics:
+        s = sess.Session(o.channels, o.bpf, o.step_fn, py_opts=o.py, launch_window=o.launch_window)
+        if o.gpu_metrics:
             from argus.gpu import GpuMetrics
 
             gpu = GpuMetrics(say=self._say)  # no NVML: one note, and the channel stays off
             self.gpu = gpu if gpu.available else None
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stop", True))
         try:
-            for pid in self.pids:
+            for pid in o.pids:
                 self._add(s, pid, explicit=True)
-            if self.all:
+            if o.all:
                 for pid in self._discover():
                     self._add(s, pid, explicit=False)
-            chans = "+".join(c.name for c in self.channels)
+            chans = "+".join(c.name for c in o.channels)
             self._say(
                 f"Tracing {len(s.targets)} process(es) ({chans}, {s.health.attached} probes, ready in "
                 f"{time.monotonic() - t0:.1f} s). Hit Ctrl-C to end."
@@ -406,7 +425,7 @@ class Prober:
 
     def _drop_capabilities(self) -> None:
         """Keep only what attaching to ranks found later needs (argus/agent/privs.py)."""
-        host = bool(self.py_opts is not None and self.py_opts.host)  # kernel stacks to name
+        host = bool(self.o.py is not None and self.o.py.host)  # kernel stacks to name
         d = privs.drop_capabilities(privs.kept(kernel_stacks=host))
         self._say(d.describe())
         if d.error is None:
@@ -419,11 +438,12 @@ class Prober:
 
         console = Console(stderr=False)
         live = None
-        if not self.as_json and not self.quiet and console.is_terminal:
+        o = self.o
+        if not o.as_json and not o.quiet and console.is_terminal:
             live = Live(console=console, refresh_per_second=2, transient=False)
             live.start()
         start = time.monotonic()
-        next_drain = start + self.interval
+        next_drain = start + o.interval
         next_scan = start + 2.0
         try:
             while not self.stop:
@@ -435,20 +455,20 @@ class Prober:
                 now = time.monotonic()
                 if now < next_drain:
                     continue
-                next_drain = now + self.interval
+                next_drain = now + o.interval
                 self._emit(s, live)
                 if now >= next_scan:
                     next_scan = now + 2.0
                     for pid in s.execed():
                         self._execed(s, pid)
                     self._rewatch(s)
-                    for pid in self._discover() if self.all else ():
+                    for pid in self._discover() if o.all else ():
                         if pid not in s.targets:
                             self._add(s, pid, explicit=False)
-                    s.reread_identities(self.job, self.host)  # a script may set RANK after we attached
-                if self.duration is not None and now - start >= self.duration:
+                    s.reread_identities(o.job, o.host)  # a script may set RANK after we attached
+                if o.duration is not None and now - start >= o.duration:
                     break
-                if not self.all and not self.rewatch and all(not t.alive for t in s.targets.values()):
+                if not o.all and not self.rewatch and all(not t.alive for t in s.targets.values()):
                     break
         finally:
             if live is not None:
@@ -527,9 +547,9 @@ class Prober:
                 f"pid {t.pid}: rank {new.rank} of job {new.job} ({was} before; rank from {new.rank_why})"
             )
         self._output(steps)
-        if self.as_json or self.quiet:
+        if self.o.as_json or self.o.quiet:
             return
-        header = f"argus probe — {len(self.views)} process(es) — interval {self.interval:g} s"
+        header = f"argus probe — {len(self.views)} process(es) — interval {self.o.interval:g} s"
         footer = [self.redis.footer()] if self.redis is not None else []
         table = render(list(self.views.values()), s.health.drops, header, len(s.health.slow_probes), footer)
         if live is not None:
@@ -548,7 +568,7 @@ class Prober:
             v = self.views.get(step["pid"])
             if v is not None:
                 v.update(step)
-            if self.as_json:
+            if self.o.as_json:
                 sys.stdout.write(json.dumps(step, separators=(",", ":")) + "\n")
         sys.stdout.flush()
         if self.redis is not None:
