@@ -275,3 +275,88 @@ def test_kernel_names_and_events_remembered_are_bounded() -> None:
         t.on_record(ev)
     assert len(t.func_names) == len(t.event_stream) == len(t.event_epoch) == tr.MAX_REMEMBERED
     assert 0x1000 not in t.func_names and t.func_names[0x1000 + n - 1] == f"k{n - 1}"
+
+
+def test_the_call_table_says_each_calls_channel_and_class() -> None:
+    """Channels and classes come from the probe specs (argus/probes/base.py), never from names: every
+    registered call has a channel, each spec's call has its channel's name and the spec's class, a
+    per-thread-stream variant counts as its call, and the step marker is the `step` channel's."""
+    from argus.agent.attach import ALL_CHANNELS
+    from argus.agent.pysection import mark_key
+    from argus.probes import base, libcuda
+    from argus.probes.stepfn import STEP_MARKER
+
+    assert all(base.CALL_CHANNELS), [n for n, c in zip(base.ALL_CALLS, base.CALL_CHANNELS) if not c]
+    for ch in ALL_CHANNELS:
+        for s in ch.specs:
+            cid = call_id(s.prog)
+            assert base.call_channel(cid) == ch.name, s.symbol
+            assert base.call_class(cid) == s.cls, s.symbol
+    assert base.call_channel(call_id(STEP_MARKER)) == "step"
+    assert base.call_channel(10_000) == "" and base.call_class(10_000) == base.CALL
+    assert set(libcuda.LAUNCH_CALLS) == {"cuLaunchKernel", "cuLaunchKernelEx", "cuGraphLaunch"}
+    assert "cuMemcpyDtoH_v2" in libcuda.SYNC_CALLS and "cuMemcpyDtoHAsync_v2" not in libcuda.SYNC_CALLS
+    # the keys of python.calls (docs/python.md), as before the table had classes
+    keys = {n: mark_key(call_id(n)) for n in ("cuLaunchKernelEx", "cuGraphLaunch", "cuCtxSynchronize")}
+    assert keys == {
+        "cuLaunchKernelEx": "launches",
+        "cuGraphLaunch": "other_calls",
+        "cuCtxSynchronize": "syncs",
+    }
+    assert mark_key(call_id("ncclRecv")) == mark_key(call_id("ncclAllReduce")) == "collectives"
+    assert mark_key(call_id("cuEventRecord")) == "event_records"
+
+
+class _Key:
+    def __init__(self, tgid: int, epoch: int) -> None:
+        self.tgid, self.epoch = tgid, epoch
+
+    def __repr__(self) -> str:
+        return f"({self.tgid}, {self.epoch})"
+
+
+def test_one_drain_hands_over_complete_epochs_once_and_deletes_them() -> None:
+    """argus/agent/drain.py take(), the one drain of every channel's maps (the Python channel's too):
+    epochs in [final_before, final) are handed over and deleted; older ones (late increments of an
+    epoch already handed over) and those of processes no longer tracked are deleted unseen by `on`;
+    newer ones stay for the next drain. `seen` sees every entry of a tracked process."""
+    from argus.agent.drain import take
+
+    keys = {
+        (1, 3): _Key(1, 3),
+        (1, 4): _Key(1, 4),
+        (1, 5): _Key(1, 5),
+        (1, 6): _Key(1, 6),
+        (2, 0): _Key(2, 0),
+    }
+    tbl = {k: 1 for k in keys.values()}
+    got: List[object] = []
+    seen: List[object] = []
+    take(
+        tbl,
+        {1: "p1"},
+        final={1: 6},
+        final_before={1: 4},
+        on=lambda o, k, v: got.append((o, k.epoch, v)),
+        seen=lambda o, k: seen.append(k.epoch),
+    )
+    assert got == [("p1", 4, 1), ("p1", 5, 1)]
+    assert sorted(seen) == [3, 4, 5, 6]
+    assert list(tbl) == [keys[(1, 6)]]
+
+
+def test_no_tail_when_the_sections_hold_only_epochs_already_out() -> None:
+    """A process that exits with nothing after its last step, while its Python section still holds
+    epochs of before its first boundary (left out, never summarized): no tail (it raised IndexError
+    on an empty list of epochs, seen under load in tests/test_probe.py's drops test)."""
+
+    class Section:
+        name = "python"
+
+        def epochs(self) -> List[int]:
+            return [0, 1]
+
+    t = RankTracker(from_environ({}, 1, "h"))
+    t.sections.append(Section())
+    t.next_epoch = 5
+    assert t.flush_tail() is None

@@ -416,7 +416,11 @@ class RankTracker:
         rest = sorted(set(self.queue) | {e for e in self.epochs if e >= self.next_epoch})
         rest = sorted(set(rest) | {e for sec in self.sections for e in sec.epochs() if e >= self.next_epoch})
         self.queue = []
-        if not any(e in self.epochs for e in rest) and not any(sec.epochs() for sec in self.sections):
+        # `not rest`: the sections still hold only epochs already summarized or left out (before
+        # the first boundary), nothing of a tail
+        if not rest or (
+            not any(e in self.epochs for e in rest) and not any(sec.epochs() for sec in self.sections)
+        ):
             return None
         out = self.summarize(rest, wall_offset_ns)
         out["step"], out["step_source"] = None, "tail"
