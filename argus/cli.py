@@ -34,7 +34,7 @@ COMMANDS: Tuple[Tuple[str, str, str], ...] = (
     ("argus.aggregator.commands", "diagnose_cmd", "diagnose"),
     ("argus.aggregator.commands", "aggregate_cmd", "aggregate"),
     ("argus.aggregator.commands", "alerts_cmd", "alerts"),
-    ("argus.agent.cli", "probe_cmd", "probe"),
+    ("argus.agent.commands", "probe_cmd", "probe"),
     ("argus.agent.record", "record_cmd", "record"),
 )
 

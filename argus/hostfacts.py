@@ -139,8 +139,9 @@ def _read(path: str) -> Optional[str]:
 
 
 @contextlib.contextmanager
-def _stderr_to_file() -> Iterator[IO[str]]:
-    """Send fd 2 (where bcc's clang prints) to a temp file for the duration."""
+def stderr_to_file() -> Iterator[IO[str]]:
+    """Send fd 2 (where bcc's clang prints) to a temp file for the duration: the compiler's
+    diagnostics, kept for an error message."""
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+") as tmp:
@@ -156,7 +157,7 @@ def try_bcc_compile() -> str:
     """Compile and load a trivial program with bcc; "" on success, else a one-line reason."""
     import bcc  # type: ignore[import-not-found]
 
-    with _stderr_to_file() as err:
+    with stderr_to_file() as err:
         try:
             b = bcc.BPF(text=b"int argus_doctor(void *ctx) { return 0; }")
             try:

@@ -8,7 +8,7 @@ from typing import List, Optional
 import click
 import pytest
 
-from argus.agent.cli import parse_duration
+from argus.agent.commands import parse_duration
 from argus.agent.identity import from_environ
 from argus.agent.steps import EpochSig, StepDetector, find_period
 from argus.agent.tracker import RankTracker, fnv1a64

@@ -6,15 +6,13 @@ so maps such as the per-process epoch are shared. Knobs are -D macros built by `
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import re
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, List, Sequence, Set
+from typing import Any, List, Sequence, Set
 
 from argus import hostfacts
 from argus.agent import privs
@@ -159,19 +157,6 @@ def preflight() -> None:
         )
 
 
-@contextlib.contextmanager
-def _capture_stderr() -> Iterator[Any]:
-    """bcc's compiler writes diagnostics to fd 2; keep them for the error message."""
-    with tempfile.TemporaryFile(mode="w+") as tmp:
-        saved = os.dup(2)
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield tmp
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
 def fix_uprobe_abi() -> None:
     """Debian's bcc 0.26 Python binding declares libbcc's `bpf_attach_uprobe` with 6 arguments, but
     the C function takes a 7th, `ref_ctr_offset`, which then receives whatever is in the register
@@ -211,7 +196,7 @@ def load(channels: Sequence[Channel], opts: BpfOptions) -> Any:
     # root runs this code in the kernel: no one else may be able to change it (argus/agent/privs.py)
     privs.check_trusted(BPF_DIR, sorted(p.name for p in BPF_DIR.iterdir() if p.is_file()))
     fix_uprobe_abi()
-    with _capture_stderr() as err:
+    with hostfacts.stderr_to_file() as err:  # bcc's compiler writes diagnostics to fd 2
         try:
             return BPF(text=source(channels), cflags=cflags(channels, opts))
         except Exception as e:

@@ -18,7 +18,7 @@ import click
 from argus.agent import bpfprog, identity, pyopts
 from argus.agent import session as sess
 from argus.agent.attach import inspect
-from argus.agent.cli import DurationType
+from argus.agent.commands import DurationType
 from argus.agent.phases import OTHER
 from argus.agent.targets import process_gone
 from argus.agent.trace import Names, TraceBuilder, validate

@@ -28,8 +28,8 @@ import time
 from collections import Counter, deque
 from typing import Callable, Deque, Dict, List, Optional
 
+from argus.sim.bindings import CU_EVENT_DISABLE_TIMING, Cuda, GpuError, Nccl
 from argus.sim.faults import Fault, from_dicts
-from argus.sim.gpu import CU_EVENT_DISABLE_TIMING, Cuda, GpuError, Nccl
 from argus.sim.store import FileStore
 from argus.sim.workload import Workload, bwd_layer, is_mlp
 

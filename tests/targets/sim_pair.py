@@ -14,7 +14,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-from argus.sim.gpu import Cuda, GpuError, Nccl
+from argus.sim.bindings import Cuda, GpuError, Nccl
 from argus.sim.store import FileStore
 
 
