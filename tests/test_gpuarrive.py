@@ -129,3 +129,24 @@ def test_a_stream_that_only_waits_keeps_a_bounded_list() -> None:
         g.on_event_record(0x9000 + k % 50, N, k)
         g.on_stream_wait(C, 0x9000 + k % 50)
     assert len(g.waits[C]) <= 64
+
+
+def test_at_tensor_parallel_rates_every_nth_instance_is_bounded() -> None:
+    """200 collectives of one communicator in a step: every 4th (ceil(200 / MAX_BOUNDS)), the same
+    indices on every member; a step of 24 keeps all of them."""
+    from argus.agent.gpuarrive import MAX_BOUNDS
+
+    g = GpuArrival()
+    evs = [collective(g, 100 + 10 * k, k, timing=False) for k in range(200)]
+    for ev in evs:
+        g.on_event_done(ev["end"], 0, 5000)
+    g.close_step([0], 0, 90)
+    got = sorted(bounds(g.close_step([1], 1, 6000)))
+    stride = -(-200 // MAX_BOUNDS)
+    assert got == list(range(0, 200, stride)) and len(got) <= MAX_BOUNDS
+    g = GpuArrival()
+    evs = [collective(g, 100 + 10 * k, k, timing=False) for k in range(24)]
+    for ev in evs:
+        g.on_event_done(ev["end"], 0, 5000)
+    g.close_step([0], 0, 90)
+    assert sorted(bounds(g.close_step([1], 1, 6000))) == list(range(24))
