@@ -51,9 +51,24 @@ class CommStep:
     arrive_ns: List[int] = field(default_factory=list)  # realtime ns of arrival at each collective
     host_ns: List[int] = field(default_factory=list)
     p2p: List[P2POp] = field(default_factory=list)
+    # Past the agent's collective records per step (argus probe --coll-records), the instances above
+    # are every n-th: then the step's first sequence number and count of collectives (0: the
+    # instances above are all of them). Positions in the step are seq - first_seq either way.
+    first_seq: int = -1
+    count: int = 0
 
     def __len__(self) -> int:
         return len(self.seqs)
+
+    @property
+    def collectives(self) -> int:
+        """The step's collectives on this communicator, whether or not each has an instance above."""
+        return self.count or len(self.seqs)
+
+    @property
+    def first(self) -> int:
+        """The step's first sequence number (position 0)."""
+        return self.first_seq if self.count else (self.seqs[0] if self.seqs else 0)
 
 
 # Where a GPU-arrival bound came from (GpuArrival.bounds): one letter for the lower bound, one for
@@ -173,6 +188,10 @@ def from_probe(d: dict) -> RankStep:
             c.arrive_ns.append(enter + off)
             c.host_ns.append(host)
     for c in comms.values():
+        meta = info.get(c.comm, {})
+        n = int(meta.get("collectives", 0))
+        if n > len(c.seqs):  # sampled (docs/schema.md): the step's count and first
+            c.count, c.first_seq = n, int(meta.get("first_seq", -1))
         order = sorted(range(len(c.seqs)), key=c.seqs.__getitem__)
         c.seqs = [c.seqs[i] for i in order]
         c.ops = [c.ops[i] for i in order]

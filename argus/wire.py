@@ -80,7 +80,7 @@ STEP_FIELDS = {
 }  # fmt: skip
 COMM_FIELDS = {
     "comm": "id", "nranks": "n", "rank": "r", "identity": "i", "seqs": "s0/sd", "ops": "op", "nbytes": "b",
-    "arrive_ns": "a", "host_ns": "hb/hq", "p2p": "p",
+    "arrive_ns": "a", "host_ns": "hb/hq", "p2p": "p", "first_seq": "f", "count": "k",
 }  # fmt: skip
 HEARTBEAT_FIELDS = {
     "job": "j", "agent": "a", "host": "h", "ts_ns": "ts", "ranks": "rk", "inflight": "if", "last_seq": "ls",
@@ -178,6 +178,8 @@ def _enc_comm(c: CommStep, t0: int) -> Dict[str, Any]:
         base = min(qs)
         d["hb"] = base
         d["hq"] = [q - base for q in qs]
+    if c.count:
+        d["f"], d["k"] = c.first_seq, c.count
     if c.p2p:
         arr = _us_deltas([p.arrive_ns for p in c.p2p], t0)
         d["p"] = [[_op_code(p.op), p.peer, p.nbytes, a, host_q(p.host_ns)] for p, a in zip(c.p2p, arr)]
@@ -340,7 +342,7 @@ def _unrle(v: Any, what: str, n: int, conv: Any) -> List[Any]:
     return out
 
 
-_COMM_KEYS = {"id", "n", "r", "i", "ix", "s0", "sd", "op", "b", "a", "hb", "hq", "p", "hc"}
+_COMM_KEYS = {"id", "n", "r", "i", "ix", "s0", "sd", "op", "b", "a", "hb", "hq", "p", "hc", "f", "k"}
 
 
 def _dec_comm(d: Any, t0: int, ignored: Optional[Set[str]]) -> CommStep:
@@ -371,6 +373,11 @@ def _dec_comm(d: Any, t0: int, ignored: Optional[Set[str]]) -> CommStep:
         c.host_ns = [host_unq(base + q) for q in hq]
     elif any(k in d for k in ("s0", "sd", "op", "b", "hb", "hq")):
         raise WireError("type", "per-instance fields without arrivals")
+    if "k" in d:
+        c.count = as_int(d.get("k"), "collectives", (len(c.seqs), MAX_INSTANCES))
+        c.first_seq = as_int(d.get("f"), "first seq", NONNEG)
+        if c.seqs and not c.first_seq <= c.seqs[0] <= c.seqs[-1] < c.first_seq + c.count:
+            raise WireError("range", "sampled instances outside the step's collectives")
     p2p = d.get("p")
     if p2p is not None:
         prev = 0

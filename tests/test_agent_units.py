@@ -16,7 +16,16 @@ from argus.probes import libnccl
 from argus.probes.base import call_id
 from argus.probes.elf import Elf
 from argus.probes.prologue import plan_entry, skippable
-from argus.probes.records import RecCommInit, RecElapsed, RecEventRecord, RecFuncName, RecNccl, RecSync
+from argus.probes.records import (
+    CollKey,
+    CollVal,
+    RecCommInit,
+    RecElapsed,
+    RecEventRecord,
+    RecFuncName,
+    RecNccl,
+    RecSync,
+)
 from argus.sim.build import build
 
 SYNC_END = ("cuStreamSynchronize", 0xA, 1)
@@ -143,6 +152,64 @@ def _tracker_over(mem: bytearray, layout: libnccl.CommLayout, base: int = 0x99) 
         return bytes(mem[addr - base : addr - base + n])
 
     return RankTracker(from_environ({}, 1, "h"), layout, read_mem=read)
+
+
+def test_past_its_records_per_step_a_communicator_is_sampled_and_counted_exactly() -> None:
+    """200 all-reduces a step, at most 64 records: after two equal steps the tracker asks BPF for
+    every 4th (200 / 4 = 50, a stride dividing the step so each step's first is among them), the
+    phase putting the step's first collective among them. Its summaries then carry 50 instances at
+    positions 0, 4, 8, ... with the exact count, bytes and host time from BPF's sums; the wire and
+    the aggregator's positions keep them apart from the collectives that had no record."""
+    from argus import schema, wire
+    from argus.aggregator.align import POSITIONS, JobAlign
+
+    t = RankTracker(
+        from_environ({"RANK": "3", "WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "j1"}, 7, "h"),
+        libnccl.CommLayout("table", 8, 16, 20),
+        coll_records=64,
+    )
+    feed_steps(t, 1, per_step=0)  # the communicator's creation: its sequence numbers count from 0
+    stride = 1
+    asked: list = []
+    out: List[dict] = []
+    n = 200
+    for e in range(1, 8):
+        base = 1_000_000 * (e + 1)
+        first = (e - 1) * n
+        for i in range(n):
+            seq = first + i
+            if seq % stride == (asked[0][2] if asked else 0):
+                t.on_record(nccl_rec(e, 0xC0, seq, base + 100 * i))
+        t.add_colls(
+            CollKey(tgid=7, call=call_id("ncclAllReduce"), epoch=e, comm=0xC0, dtype=9),
+            CollVal(
+                count=n, elems=n * 1024, host_ns=n * 5000, first_seq=first, first_enter=base, last_exit=base
+            ),
+        )
+        t.on_record(sync_rec(e, base + 500_000, base + 900_000))
+        out += t.finalize(e + 1, 1_700_000_000 * 10**9)  # realtime - monotonic: the wire checks times
+        new = t.take_samples()
+        if new:
+            asked, stride = new, new[0][1]
+    assert asked == [(0xC0, 4, 0)]
+    last = out[-1]
+    key = f"{fnv1a64(bytes(range(128))):016x}"
+    nccl = last["nccl"]
+    assert nccl["ops"]["AllReduce"] == {"count": 200, "bytes": 200 * 1024 * 2, "host_ns": 200 * 5000}
+    assert nccl["comms"][key]["collectives"] == 200
+    seqs = [a[1] for a in nccl["arrivals"]]
+    assert len(seqs) == 50 and all((s - seqs[0]) % 4 == 0 for s in seqs)
+    assert last["step"] == seqs[0] // 200 and last["step_source"] == "nccl-seq"
+    rs = schema.from_probe(last)
+    c = rs.comms[key]
+    assert (c.count, c.first_seq, c.collectives, len(c.seqs)) == (200, seqs[0], 200, 50)
+    back = wire.decode_step(wire.encode_step(rs)).comms[key]
+    assert (back.count, back.first_seq, back.seqs) == (200, seqs[0], c.seqs)
+    ja = JobAlign()
+    aligned = ja.add(rs) + ja.flush()
+    assert aligned, "no summary out of the aligner"
+    got = aligned[0].comms[key].seqs
+    assert [p % POSITIONS for p in got] == list(range(0, 200, 4))
 
 
 def test_tracker_identifies_a_communicator_from_process_memory() -> None:

@@ -161,3 +161,29 @@ def test_hang_after_attach_names_the_collective() -> None:
     assert a.evidence["identity"]["comm"]["identity"] == "accessors"
     assert "never reached collective #0 of step" in a.summary
     assert all(isinstance(x, (RankStep, Heartbeat)) for x in c.items)
+
+
+def test_straggler_named_from_every_nth_collective(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's case with the agent keeping at most 4 collective records per communicator and
+    step (`--coll-records`, default 64: the `tp` preset's 3,200 a rank-step become 64): BPF records
+    every 6th of the job's 24 all-reduces, the same ones on every rank whenever its agent attached,
+    and counts the rest; the straggler is still named, alone, as soon."""
+    monkeypatch.setenv("ARGUS_PROBE_COLL_RECORDS", "4")
+    c = collect_late("sim", 8, 600, "dp", ["straggler:rank=5,factor=1.35"], 40, 10)
+    sampled = [rs for rs in c.steps if any(x.count > len(x.seqs) for x in rs.comms.values())]
+    assert len({rs.rank for rs in sampled}) == 8, "not every rank's collectives were sampled"
+    # one step's instances are the same positions on every rank: the aggregator matches them
+    at: Dict[Tuple[Optional[int], str], set] = {}
+    for rs in sampled:
+        for key, x in rs.comms.items():
+            if x.count > len(x.seqs):
+                at.setdefault((trainer_step(c, rs), key), set()).add(tuple(s - x.first_seq for s in x.seqs))
+    assert all(len(v) == 1 for v in at.values()), at
+    assert {len(next(iter(v))) for v in at.values()} == {4}, at
+    _eng, fired = judge(c, families.PHASES["sim"])
+    got = [(a.kind, a.ranks, s) for a, s in fired]
+    assert fired and (fired[0][0].kind, fired[0][0].ranks) == ("straggler", [5]), got
+    seen = min(s for s in (trainer_step(c, rs) for rs in c.items if rs.rank == 5) if s is not None)
+    assert fired[0][1] is not None and fired[0][1] - seen <= BEFORE_MAX, (got, seen)
+    named = [(a.kind, a.ranks) for a, _ in fired[1:] if a.ranks and (a.kind, a.ranks) != ("straggler", [5])]
+    assert named == [], got

@@ -150,3 +150,25 @@ def test_at_tensor_parallel_rates_every_nth_instance_is_bounded() -> None:
         g.on_event_done(ev["end"], 0, 5000)
     g.close_step([0], 0, 90)
     assert sorted(bounds(g.close_step([1], 1, 6000))) == list(range(24))
+
+
+def test_an_unrecorded_collective_between_keeps_a_mark_from_bounding_the_next() -> None:
+    """Past the agent's collective records per step BPF records every n-th collective
+    (nccl.bpf.c `coll_sample`): an end event recorded before an unrecorded collective is not right
+    before the next recorded one, so it bounds that one only loosely. Indices are positions in the
+    step (sequence number - the step's first) when BPF counted the step's collectives."""
+    got = {}
+    for skipped in (0, 1):
+        g = GpuArrival()
+        g.on_collective(0, "X", 0, N, 100)
+        g.on_event_record(0x3000, N, 103)  # the first collective's end event
+        # with skipped=1, collective 1 entered at 150 without a record; this is collective 2
+        g.on_collective(0, "X", 1 + skipped, N, 200, skipped, 150 if skipped else 0)
+        g.on_event_record(0x3001, N, 203)
+        g.on_event_done(0x3000, 0, 260)
+        g.on_event_done(0x3001, 0, 400)
+        g.close_step([0], 0, 90, {"X": (0, 2 + skipped)})
+        got[skipped] = bounds(g.close_step([1], 1, 900))
+    assert got[0][1] == [200, 260, "hq"]  # the end event right before it passed: tight
+    assert got[1][2] == [200, 400, "he"]  # ... not right before it: only its own end bounds it
+    assert sorted(got[1]) == [0, 2]  # positions in the step, whichever were recorded

@@ -41,6 +41,10 @@ class BpfOptions:
     python_launch_every: int = 16  # walk the Python stack at every n-th kernel launch of a thread
     python_coll_every: int = 4  # ... and at every n-th collective
     record: bool = False  # `argus record`: a record per call, sample and off-CPU span
+    # collective records per communicator and step at most; past it every n-th, the rest summed in
+    # BPF (nccl.bpf.c): at tensor-parallel rates a record per collective was most of the agent's CPU.
+    # 0: every collective (`argus record` always)
+    coll_records: int = 64
 
     @property
     def launch_returns(self) -> bool:

@@ -171,6 +171,17 @@ class DurationType(click.ParamType):
     show_default=True,
     help="Ring buffer size in 4 KiB pages (raise it if records are dropped; the agent says so).",
 )
+@click.option(
+    "--coll-records",
+    type=int,
+    default=bpfprog.BpfOptions.coll_records,
+    show_default=True,
+    metavar="N",
+    help="Collective records per communicator and step at most: past it every n-th collective "
+    "(the same ones on every rank) has a record, the rest are only counted in BPF. Counts, bytes "
+    "and host time stay exact. 0: a record for every collective (costs the agent CPU at "
+    "tensor-parallel rates).",
+)
 @pyopts.python_options
 def probe_cmd(
     pids: Tuple[int, ...],
@@ -194,6 +205,7 @@ def probe_cmd(
     launch_latency: bool,
     launch_steps: str,
     ringbuf_pages: int,
+    coll_records: int,
     **aux: Any,
 ) -> int:
     """Trace CUDA and NCCL activity of running training processes, per rank and per step.
@@ -218,7 +230,9 @@ def probe_cmd(
     if not channels and not py_opts.python:
         raise UsageError("--no-cuda, --no-cudart and --no-nccl leave nothing to probe", "drop one of them")
     channels += aux_channels
-    opts = bpfprog.BpfOptions(launch_latency=launch_latency, ringbuf_pages=ringbuf_pages, **bpf_extra)
+    opts = bpfprog.BpfOptions(
+        launch_latency=launch_latency, ringbuf_pages=ringbuf_pages, coll_records=coll_records, **bpf_extra
+    )
     if ebpf:
         click.echo(bpfprog.full_text(channels))
         click.echo(f"/* cflags: {' '.join(bpfprog.cflags(channels, opts))} */")
@@ -247,6 +261,8 @@ def probe_cmd(
         raise UsageError(f"--launch-steps {e}", "e.g. --launch-steps 3/30, or all") from None
     if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
         raise UsageError("--ringbuf-pages must be a power of two", "e.g. 256 (1 MiB) or 1024")
+    if coll_records < 0:
+        raise UsageError("--coll-records must be >= 0", "e.g. --coll-records 64, or 0 for every collective")
     for pid in pids:
         if not os.path.exists(f"/proc/{pid}"):
             raise NoSuchProcess(f"no process with pid {pid}", "check the pid: ps -eo pid,cmd | grep -i train")

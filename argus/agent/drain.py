@@ -11,9 +11,9 @@ over at an earlier drain) that still appear are late increments of no step: dele
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar
+from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Tuple, TypeVar
 
-from argus.probes.records import DROP_NAMES
+from argus.probes.records import DROP_NAMES, SampleKey, SampleVal
 
 T = TypeVar("T")
 
@@ -66,14 +66,15 @@ def take(
             pass
 
 
-# The CUDA, CUDA runtime and NCCL channels' maps: (map, only in the CUDA channel's unit, what a
-# tracker takes from an entry)
-COUNT_MAPS: Tuple[Tuple[str, bool, Callable[[Any, Any, Any], None]], ...] = (
-    ("launches", True, lambda t, k, v: t.tracker.add_launches(k.epoch, k.func, v.value)),
-    ("hists", True, lambda t, k, v: t.tracker.add_hist(k.epoch, k.slot, v.value)),
-    ("mem", True, lambda t, k, v: t.tracker.add_mem(k.epoch, k.kind, v.count, v.bytes)),
-    ("errors", False, lambda t, k, v: t.tracker.add_error(k.epoch, k.call, k.result, v.value)),
-    ("call_counts", False, lambda t, k, v: t.tracker.add_call(k.epoch, k.call, v.value)),
+# The CUDA, CUDA runtime and NCCL channels' maps: (map, the channel whose unit holds it (None: every
+# native channel's), what a tracker takes from an entry)
+COUNT_MAPS: Tuple[Tuple[str, Optional[str], Callable[[Any, Any, Any], None]], ...] = (
+    ("launches", "cuda", lambda t, k, v: t.tracker.add_launches(k.epoch, k.func, v.value)),
+    ("hists", "cuda", lambda t, k, v: t.tracker.add_hist(k.epoch, k.slot, v.value)),
+    ("mem", "cuda", lambda t, k, v: t.tracker.add_mem(k.epoch, k.kind, v.count, v.bytes)),
+    ("colls", "nccl", lambda t, k, v: t.tracker.add_colls(k, v)),
+    ("errors", None, lambda t, k, v: t.tracker.add_error(k.epoch, k.call, k.result, v.value)),
+    ("call_counts", None, lambda t, k, v: t.tracker.add_call(k.epoch, k.call, v.value)),
 )
 
 
@@ -82,11 +83,11 @@ def drain_counts(
     targets: Mapping[int, Any],
     final: Mapping[int, int],
     final_before: Mapping[int, int],
-    cuda: bool,
+    channels: Collection[str],
 ) -> None:
-    """Every count map of the native channels into each target's tracker."""
-    for name, cuda_only, on in COUNT_MAPS:
-        if cuda or not cuda_only:
+    """Every count map of the native channels loaded into each target's tracker."""
+    for name, channel, on in COUNT_MAPS:
+        if channel is None or channel in channels:
             take(bpf[name], targets, final, final_before, on)
 
 
@@ -109,5 +110,37 @@ def read_drops(bpf: Any, targets: Mapping[int, Any], totals: Dict[str, int]) -> 
     for k in gone:
         try:
             del by_pid[k]
+        except KeyError:
+            pass
+
+
+# ---- sampled collectives (nccl.bpf.c `coll_sample`) ---------------------------------------------
+
+
+def ask_samples(bpf: Any, pid: int, asks: List[Tuple[int, int, int]]) -> None:
+    """Have BPF record only every stride-th collective of these communicators of `pid`
+    ((handle, stride, phase): RankTracker.take_samples)."""
+    if not asks:
+        return
+    tbl = bpf["coll_sample"]
+    for handle, stride, phase in asks:
+        key = tbl.Key.from_buffer_copy(bytes(SampleKey(tgid=pid, pad=0, comm=handle)))
+        tbl[key] = tbl.Leaf.from_buffer_copy(bytes(SampleVal(stride=stride, phase=phase)))
+
+
+def read_samples(bpf: Any, targets: Mapping[int, Any]) -> None:
+    """The latest collective of each sampled communicator, recorded or not: a tracker's `last_seq`
+    (which a hung rank shows to say how far it got) would otherwise lag by up to a stride."""
+    for k, v in bpf["coll_sample"].items():
+        t = targets.get(k.tgid)
+        if t is not None and v.last_seq:
+            t.tracker.saw_seq(k.comm, int(v.last_seq))
+
+
+def forget_samples(bpf: Any, pid: int) -> None:
+    tbl = bpf["coll_sample"]
+    for k in [k for k in tbl.keys() if k.tgid == pid]:
+        try:
+            del tbl[k]
         except KeyError:
             pass

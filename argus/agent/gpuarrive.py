@@ -58,7 +58,7 @@ class _Coll:
     seq: int
     stream: int
     pos: int
-    after: int  # position of the stream's previous wait or collective (-1: none)
+    after: float  # position of the stream's previous wait or collective (-1: none; x.5: one unrecorded)
     enter_ns: int
     waits: List[Mark]
 
@@ -70,6 +70,8 @@ class _Step:
     start_ns: int
     colls: List[_Coll] = field(default_factory=list)
     coll_gpu_ns: Dict[Any, List[int]] = field(default_factory=dict)
+    # comm -> (first sequence number, collectives) in the step, counted by BPF (empty: not known)
+    firsts: Dict[Any, Tuple[int, int]] = field(default_factory=dict)
 
 
 class GpuArrival:
@@ -79,7 +81,8 @@ class GpuArrival:
         self.next_pos: Dict[int, int] = {}
         self.marks: Dict[int, Deque[Mark]] = {}
         self.event_mark: Dict[int, Mark] = {}  # event -> its latest recording
-        self.waits: Dict[int, List[Mark]] = {}  # stream -> marks it waits for before its next collective
+        # stream -> (mark, when the wait was enqueued) it waits for before its next collective
+        self.waits: Dict[int, List[Tuple[Mark, int]]] = {}
         self.colls: Dict[int, List[_Coll]] = {}  # epoch -> collectives enqueued in it
         self.barrier: Dict[int, int] = {}  # stream -> position of its latest wait or collective
         self.coll_pos: Dict[int, Deque[Tuple[int, _Coll]]] = {}  # stream -> recent (position, collective)
@@ -106,12 +109,12 @@ class GpuArrival:
     def on_event_record(self, event: int, stream: int, ts: int) -> None:
         self.event_mark[event] = self._mark(stream, ts)
 
-    def on_stream_wait(self, stream: int, event: int) -> None:
+    def on_stream_wait(self, stream: int, event: int, ts: int = 0) -> None:
         self.barrier[stream] = self._pos(stream)
         m = self.event_mark.get(event)
         if m is not None and m.stream != stream:
             w = self.waits.setdefault(stream, [])
-            w.append(m)
+            w.append((m, ts))
             if len(w) > MAX_WAITS:  # a stream that waits and runs no collective (DDP's compute stream)
                 del w[: len(w) - MAX_WAITS]
 
@@ -137,11 +140,25 @@ class GpuArrival:
         if m is not None and (not m.passed or exit_ns < m.passed):
             m.passed, m.by_sync = exit_ns, True
 
-    def on_collective(self, epoch: int, comm: Any, seq: int, stream: int, enter_ns: int) -> None:
+    def on_collective(
+        self, epoch: int, comm: Any, seq: int, stream: int, enter_ns: int, skipped: int = 0, skip_ns: int = 0
+    ) -> None:
+        """A recorded collective; `skipped` collectives of its communicator had no record before it
+        (sampled: nccl.bpf.c), the last entered at `skip_ns`."""
         pos = self._pos(stream)
-        after = self.barrier.get(stream, -1)
+        after: float = self.barrier.get(stream, -1)
         self.barrier[stream] = pos
-        c = _Coll(epoch, comm, seq, stream, pos, after, enter_ns, self.waits.pop(stream, []))
+        waits = self.waits.pop(stream, [])
+        if skipped:
+            # the unrecorded collective lies between the stream's marks before `skip_ns` and those
+            # after: only a mark after it can be right before this one, and only waits after it
+            # are this collective's
+            waits = [w for w in waits if w[1] > skip_ns]
+            for m in reversed(self.marks.get(stream, ())):  # in time order: the newest few
+                if m.ts <= skip_ns:
+                    after = max(after, m.pos + 0.5)
+                    break
+        c = _Coll(epoch, comm, seq, stream, pos, after, enter_ns, [m for m, _ in waits])
         self.colls.setdefault(epoch, []).append(c)
         q = self.coll_pos.get(stream)
         if q is None:
@@ -168,10 +185,17 @@ class GpuArrival:
 
     # ---- per step --------------------------------------------------------------------------------------
 
-    def close_step(self, epochs: List[int], step: Optional[int], start_ns: int) -> Optional[Dict[str, Any]]:
-        """Close a step (its epochs, its number, its start, monotonic ns); return the previous step's
-        evidence as the probe's `gpu_arrival` object, or None when there is none."""
-        cur = _Step(list(epochs), step, start_ns)
+    def close_step(
+        self,
+        epochs: List[int],
+        step: Optional[int],
+        start_ns: int,
+        colls: Optional[Dict[Any, Tuple[int, int]]] = None,
+    ) -> Optional[Dict[str, Any]]:
+        """Close a step (its epochs, its number, its start, monotonic ns; per communicator, the first
+        sequence number of its collectives in the step and how many, when BPF counted them); return
+        the previous step's evidence as the probe's `gpu_arrival` object, or None when there is none."""
+        cur = _Step(list(epochs), step, start_ns, firsts=colls or {})
         for e in epochs:
             cur.colls += self.colls.pop(e, [])
             for comm, ts in self.coll_gpu.pop(e, {}).items():
@@ -193,7 +217,7 @@ class GpuArrival:
 
     def _finish(self, st: _Step, nxt: _Step) -> Optional[Dict[str, Any]]:
         bounds: Dict[Any, List[List[Any]]] = {}
-        index, count = _instance_index(st.colls)
+        index, count = _instance_index(st.colls, st.firsts)
         stride = {comm: -(-n // MAX_BOUNDS) for comm, n in count.items()}
         lo_tab = {s: _prefix_not_passed(q) for s, q in self.marks.items()}
         hi_tab = {s: _suffix_passed(q) for s, q in self.marks.items()}
@@ -251,17 +275,28 @@ class GpuArrival:
         return out
 
 
-def _instance_index(colls: List[_Coll]) -> Tuple[Dict[int, int], Dict[Any, int]]:
-    """Each collective's index among its communicator's in the step, by sequence number (the order
-    argus.schema.CommStep keeps), and each communicator's count."""
+def _instance_index(
+    colls: List[_Coll], firsts: Dict[Any, Tuple[int, int]]
+) -> Tuple[Dict[int, int], Dict[Any, int]]:
+    """Each recorded collective's index among its communicator's in the step (its position: the
+    same on every member whichever were recorded), and each communicator's count: from its first
+    sequence number and count in the step where BPF counted them, else by order of the records."""
     per: Dict[Any, List[_Coll]] = {}
     for c in colls:
         per.setdefault(c.comm, []).append(c)
     out: Dict[int, int] = {}
-    for cs in per.values():
-        for i, c in enumerate(sorted(cs, key=lambda c: c.seq)):
-            out[id(c)] = i
-    return out, {comm: len(cs) for comm, cs in per.items()}
+    count: Dict[Any, int] = {}
+    for comm, cs in per.items():
+        known = firsts.get(comm)
+        if known is not None:
+            first, count[comm] = known
+            for c in cs:
+                out[id(c)] = c.seq - first
+        else:
+            count[comm] = len(cs)
+            for i, c in enumerate(sorted(cs, key=lambda c: c.seq)):
+                out[id(c)] = i
+    return out, count
 
 
 def _between(q: Deque[Tuple[int, _Coll]], a: int, b: int) -> List[Tuple[int, _Coll]]:
@@ -325,7 +360,7 @@ def _lookup_passed(tab: Optional[_Table], p: int) -> Tuple[int, str]:
     return 0, "-"
 
 
-def _lookup_hi(tab: Optional[_Table], cpos: int, after: int) -> Tuple[int, str]:
+def _lookup_hi(tab: Optional[_Table], cpos: int, after: float) -> Tuple[int, str]:
     """Upper bound on when the stream reached the collective at `cpos`: the last mark before it,
     when nothing we know of lies between (it comes after the stream's last wait), passed: tight;
     anything after it passed: the collective had ended by then (loose: 'e', or 's' for a sync)."""

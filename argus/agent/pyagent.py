@@ -356,6 +356,14 @@ class PyAgent:
                 seen=lambda t, k: self.frames(t, k.stack),  # resolved while the process is alive
             )
             take(
+                self.bpf["py_owed"],
+                self.targets,
+                final,
+                final_before,
+                lambda t, k, v: t.python.add_owed(k.epoch, k.stack, k.call, v.value) if t.python else None,
+                seen=lambda t, k: self.frames(t, k.stack),
+            )
+            take(
                 self.bpf["py_gc"],
                 self.targets,
                 final,

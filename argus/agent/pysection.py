@@ -110,6 +110,11 @@ class PythonSection:
         if len(self.mark_ts) > 2 * MAX_MARKS:
             del self.mark_ts[:MAX_MARKS], self.mark_stack[:MAX_MARKS]
 
+    def add_owed(self, epoch: int, stack: int, call: int, weight: int) -> None:
+        """Calls not walked (a walk of their thread was too recent: argus/bpf/python.bpf.c), counted
+        in BPF to the stack of that walk."""
+        self._epoch(epoch).marks[(stack, mark_key(call))] += weight
+
     def on_event_record(self, r: RecEventRecord) -> None:
         """The CUDA channel's cuEventRecord record: when the event was recorded (timer labels)."""
         q = self.event_ts.get(r.event)

@@ -62,7 +62,7 @@ class Session:
         self.scans = AttachScans()  # threads already blocked in a probed call when we attached
         self.last_record: Dict[int, Dict[int, int]] = {}  # pid -> tid -> ts of its latest ring record
         self.identities = Identities()
-        self._cuda = any(c.name == "cuda" for c in self.channels)
+        self._channel_names = frozenset(c.name for c in self.channels)
         bpfprog.preflight()
         self.bpf: Any = bpfprog.load(self.channels, self.opts)
         # a copy of every uprobe's perf fd in a second process: the probes come out of the job
@@ -101,6 +101,7 @@ class Session:
             layout,
             read_mem=functools.partial(read_process, pid),
             step_fn=self.step_fn is not None,
+            coll_records=0 if self.opts.record else self.opts.coll_records,
         )
         t = Target(pid, identity, tracker, libs, layout=layout, image=image_of(pid, libs))
         if self.py is not None:
@@ -153,6 +154,8 @@ class Session:
             del self.bpf["targets"][ctypes.c_uint32(pid)]
         except KeyError:
             pass
+        if "nccl" in self._channel_names:
+            drain.forget_samples(self.bpf, pid)
         if self.py is not None:
             self.py.remove(pid)
         self.scans.forget(pid)
@@ -223,9 +226,11 @@ class Session:
         targets = self.targets
         final_before = {pid: t.final_before for pid, t in targets.items()}
         final = drain.final_epochs(self.bpf, targets)
-        drain.drain_counts(self.bpf, targets, final, final_before, self._cuda)
+        drain.drain_counts(self.bpf, targets, final, final_before, self._channel_names)
         if self.py is not None:
             self.py.drain(final, final_before)
+        if "nccl" in self._channel_names:
+            drain.read_samples(self.bpf, targets)
         for pid, t in targets.items():
             t.final_before = max(t.final_before, final[pid])
         drain.read_drops(self.bpf, targets, self.health.drops)
@@ -238,6 +243,8 @@ class Session:
         for t in self.targets.values():
             out.extend(t.tracker.finalize(t.final_before, wall))
             self.health.left_out.update(t.tracker.take_left_out())
+            if t.alive:
+                drain.ask_samples(self.bpf, t.pid, t.tracker.take_samples())
             if not t.alive and not t.flushed:
                 t.flushed = True
                 tail = t.tracker.flush_tail(wall)

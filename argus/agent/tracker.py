@@ -99,6 +99,9 @@ class EpochData:
     elapsed: List[RecElapsed] = field(default_factory=list)
     inits: List[RecCommInit] = field(default_factory=list)
     event_records: int = 0
+    # BPF's sums of the epoch's NCCL operations (nccl.bpf.c `colls`):
+    # (comm handle, call, datatype) -> [count, elements, host ns, first seq, first enter, last exit]
+    colls: Dict[Tuple[int, int, int], List[int]] = field(default_factory=dict)
 
 
 P2P_CALLS = frozenset(call_id(s.symbol) for s in libnccl.SPECS if s.cls == P2P)
@@ -139,6 +142,7 @@ class RankTracker:
         layout: libnccl.CommLayout = libnccl.UNKNOWN_LAYOUT,
         read_mem: Optional[Callable[[int, int], Optional[bytes]]] = None,
         step_fn: bool = False,
+        coll_records: int = 0,
     ) -> None:
         self.id = identity
         self.layout = layout
@@ -173,6 +177,15 @@ class RankTracker:
         # epochs() and summarize(epochs, timers) -> Optional[dict]
         self.sections: List[Any] = []
         self.arrive = GpuArrival()  # when the GPU reached each collective (argus/agent/gpuarrive.py)
+        # BPF sums the NCCL operations per epoch (add_colls): the steps' signatures come from those
+        # sums, exact when ring records are lost; fed records alone (the unit tests), from records
+        self.has_coll_sums = False
+        # at most this many collective records per communicator and step (0: all): past it BPF
+        # records every n-th (sample_wanted), and counts, bytes and host time come from the sums
+        self.coll_records = coll_records
+        self.sampled: Dict[int, Tuple[int, int]] = {}  # comm handle -> (stride, phase) asked of BPF
+        self._sample_new: List[Tuple[int, int, int]] = []  # (handle, stride, phase) not yet in BPF
+        self._coll_n: Dict[int, int] = {}  # comm handle -> its collectives in the previous step
 
     def epoch(self, e: int) -> EpochData:
         d = self.epochs.get(e)
@@ -201,7 +214,7 @@ class RankTracker:
                 key = info.key
                 if r.seq > self.last_seq.get(key, -1):
                     self.last_seq[key] = r.seq
-                self.arrive.on_collective(h.epoch, key, r.seq, r.stream, r.enter_ns)
+                self.arrive.on_collective(h.epoch, key, r.seq, r.stream, r.enter_ns, r.skipped, r.skip_ns)
         elif isinstance(r, RecSync):
             self.epoch(r.h.epoch).sync = r
             call = r.h.call
@@ -214,7 +227,7 @@ class RankTracker:
         elif isinstance(r, RecEventDone):
             self.arrive.on_event_done(r.event, r.not_ready_ns, r.h.ts)
         elif isinstance(r, RecStreamWait):
-            self.arrive.on_stream_wait(r.stream, r.event)
+            self.arrive.on_stream_wait(r.stream, r.event, r.h.ts)
         elif isinstance(r, RecNetSend):
             self.arrive.on_net_send(r.h.epoch, r.h.ts, r.prev_ns)
         elif isinstance(r, RecElapsed):
@@ -256,6 +269,21 @@ class RankTracker:
 
     def add_call(self, epoch: int, call: int, count: int) -> None:
         self.epoch(epoch).calls[call] += count
+
+    def add_colls(self, k: Any, v: Any) -> None:
+        """BPF's sums of one (epoch, communicator, call, datatype) (records.CollKey/CollVal)."""
+        self.has_coll_sums = True
+        comm = k.comm
+        if comm and comm not in self.comms:
+            self._identify(comm)  # its records may all have been lost
+        self.epoch(k.epoch).colls[(comm, k.call, k.dtype)] = [
+            v.count,
+            v.elems,
+            v.host_ns,
+            v.first_seq,
+            v.first_enter,
+            v.last_exit,
+        ]
 
     # ---- communicators -------------------------------------------------------------------------------
 
@@ -352,12 +380,19 @@ class RankTracker:
         colls: Counter = Counter()
         first = last = None
         comms = self.comms
-        for n in d.nccl:
-            info = comms.get(n.comm)
-            colls[(info.hash if info is not None else n.comm, n.h.call)] += 1
-        if d.nccl:
-            first = min(n.enter_ns for n in d.nccl)
-            last = max(n.h.ts for n in d.nccl)
+        if self.has_coll_sums:
+            for (comm, call, _dt), (count, _el, _host, _seq, enter, exit_) in d.colls.items():
+                info = comms.get(comm)
+                colls[(info.hash if info is not None else comm, call)] += count
+                first = enter if first is None else min(first, enter)
+                last = exit_ if last is None else max(last, exit_)
+        else:
+            for n in d.nccl:
+                info = comms.get(n.comm)
+                colls[(info.hash if info is not None else n.comm, n.h.call)] += 1
+            if d.nccl:
+                first = min(n.enter_ns for n in d.nccl)
+                last = max(n.h.ts for n in d.nccl)
         s = d.sync
         sync = (s.h.call, s.handle, s.h.tid) if s is not None else None
         marker = s is not None and s.h.call == _STEP_MARKER
@@ -404,7 +439,9 @@ class RankTracker:
         self.left_out["epochs"] += 1
         if d is not None:
             self.left_out["launches"] += sum(d.launches.values())
-            self.left_out["collectives"] += len(d.nccl)
+            self.left_out["collectives"] += (
+                sum(v[0] for v in d.colls.values()) if self.has_coll_sums else len(d.nccl)
+            )
 
     def take_left_out(self) -> Counter:
         out, self.left_out = self.left_out, Counter()
@@ -454,7 +491,14 @@ class RankTracker:
         drops = {k: v - self._drops_said.get(k, 0) for k, v in self.drops_total.items()}
         drops = {k: v for k, v in drops.items() if v > 0}
         self._drops_said = dict(self.drops_total)
-        gpu_arrival = self.arrive.close_step(epochs, step, start_ns)
+        colls = self._step_colls(data) if self.has_coll_sums else {}
+        gpu_arrival = self.arrive.close_step(
+            epochs,
+            step,
+            start_ns,
+            {(self.comms.get(h) or CommInfo(h, -1, -1, "inferred")).key: v for h, v in colls.items()},
+        )
+        self._want_samples(colls)
         return {
             "schema": SCHEMA,
             **self.id.as_dict(),
@@ -491,17 +535,101 @@ class RankTracker:
         first collective, like every rank's), its first sequence number in the step divided by its
         collectives per step — the trainer's own step index, the same on every rank. Otherwise a local
         ordinal, which the aggregator aligns across ranks by step time."""
-        per_comm: Dict[int, List[int]] = {}
-        for d in data:
-            for n in d.nccl:
-                info = self.comms.get(n.comm)
-                if info is not None and info.created and n.h.call not in P2P_CALLS:
-                    per_comm.setdefault(n.comm, []).append(n.seq)
+        per_comm: Dict[int, Tuple[int, int]] = {}  # handle -> (first sequence number, collectives)
+        if self.has_coll_sums:
+            for handle, (first, n) in self._step_colls(data).items():
+                info = self.comms.get(handle)
+                if info is not None and info.created:
+                    per_comm[handle] = (first, n)
+        else:
+            seqs_of: Dict[int, List[int]] = {}
+            for d in data:
+                for r in d.nccl:
+                    info = self.comms.get(r.comm)
+                    if info is not None and info.created and r.h.call not in P2P_CALLS:
+                        seqs_of.setdefault(r.comm, []).append(r.seq)
+            per_comm = {c: (min(v), len(v)) for c, v in seqs_of.items()}
         if per_comm:
-            ref = max(per_comm, key=lambda c: (self.comms[c].nranks, len(per_comm[c]), c))
-            seqs = per_comm[ref]
-            return min(seqs) // len(seqs), "nccl-seq"
+            ref = max(per_comm, key=lambda c: (self.comms[c].nranks, per_comm[c][1], c))
+            first, n = per_comm[ref]
+            return first // n, "nccl-seq"
         return self.ordinal, "ordinal"
+
+    def _step_colls(self, data: List[EpochData]) -> Dict[int, Tuple[int, int]]:
+        """Per communicator handle: the first sequence number of its collectives in these epochs
+        and how many (BPF's sums; point-to-point operations number apart and are left out)."""
+        out: Dict[int, Tuple[int, int]] = {}
+        for d in data:
+            for (comm, call, _dt), v in d.colls.items():
+                if call in P2P_CALLS or not comm:
+                    continue
+                first, n = out.get(comm, (v[3], 0))
+                out[comm] = (min(first, v[3]), n + v[0])
+        return out
+
+    def _sums(self, data: List[EpochData]) -> Tuple[Dict[str, Dict[str, int]], Dict[str, dict]]:
+        """The step's per-op totals and per-communicator counts from BPF's sums: exact whether or
+        not every collective has a record (sampled past `coll_records`, or lost)."""
+        ops: Dict[str, Dict[str, int]] = {}
+        comms: Dict[str, dict] = {}
+        firsts: Dict[str, Tuple[int, int]] = {}  # comm -> (first sequence number, collectives)
+        for d in data:
+            for (handle, call, dtype), (count, elems, host, first, _enter, _exit) in d.colls.items():
+                op = _op_of(call)
+                o = ops.get(op)
+                if o is None:
+                    o = ops[op] = {"count": 0, "bytes": 0, "host_ns": 0}
+                o["count"] += count
+                o["bytes"] += elems * _DTYPE_SIZE.get(dtype, 0)
+                o["host_ns"] += host
+                info = self.comms.get(handle) or CommInfo(handle, -1, -1, "inferred")
+                key = info.key
+                cm = comms.get(key)
+                if cm is None:
+                    cm = comms[key] = {
+                        "nranks": info.nranks,
+                        "rank": info.rank,
+                        "identity": info.source,
+                        "ops": 0,
+                        "first_seq": first,
+                        "last_seq": first,
+                    }
+                cm["ops"] += count
+                if call not in P2P_CALLS:
+                    f, n = firsts.get(key, (first, 0))
+                    firsts[key] = (min(f, first), n + count)
+        for key, (first, n) in firsts.items():
+            cm = comms[key]
+            cm["first_seq"], cm["last_seq"], cm["collectives"] = first, first + n - 1, n
+        return ops, comms
+
+    def _want_samples(self, colls: Dict[int, Tuple[int, int]]) -> None:
+        """After a step: communicators with more collectives than `coll_records` in it and in the
+        step before get every stride-th recorded from now on, the first of each step among them (the
+        phase): the same instances on every rank, whenever its agent attached, since every rank
+        cuts its steps at the same collectives. The stride divides the step's count so that the
+        phase holds step after step."""
+        k = self.coll_records
+        if k <= 0:
+            return
+        for handle, (first, n) in colls.items():
+            prev, self._coll_n[handle] = self._coll_n.get(handle), n
+            if n <= k or prev != n or handle in self.sampled:
+                continue
+            stride = next(d for d in range(-(-n // k), n + 1) if n % d == 0)
+            self.sampled[handle] = (stride, first % stride)
+            self._sample_new.append((handle, stride, first % stride))
+
+    def saw_seq(self, handle: int, seq: int) -> None:
+        """A collective of a sampled communicator entered, recorded or not (drain.read_samples)."""
+        info = self.comms.get(handle)
+        if info is not None and seq > self.last_seq.get(info.key, -1):
+            self.last_seq[info.key] = seq
+
+    def take_samples(self) -> List[Tuple[int, int, int]]:
+        """(communicator handle, stride, phase) to write into BPF's `coll_sample` since the last call."""
+        out, self._sample_new = self._sample_new, []
+        return out
 
     def _cuda(self, data: List[EpochData]) -> dict:
         launches: Counter = Counter()
@@ -592,36 +720,38 @@ class RankTracker:
                 if call_channel(call) == "nccl":
                     name = call_name(call)
                     errors.setdefault(name, {})[str(res)] = errors.get(name, {}).get(str(res), 0) + c
+            sums = self.has_coll_sums  # counts and totals from BPF's sums, not from the records
             for n in d.nccl:
                 h = n.h
                 op = _op_of(h.call)
                 nbytes = n.count * _DTYPE_SIZE.get(n.dtype, 0)
                 host_ns = h.ts - n.enter_ns
-                o = ops.get(op)
-                if o is None:
-                    o = ops[op] = {"count": 0, "bytes": 0, "host_ns": 0}
-                o["count"] += 1
-                o["bytes"] += nbytes
-                o["host_ns"] += host_ns
                 info = self.comms.get(n.comm) or CommInfo(n.comm, -1, -1, "inferred")
                 key = info.key
                 seq = n.seq
-                cm = comms.get(key)
-                if cm is None:
-                    cm = comms[key] = {
-                        "nranks": info.nranks,
-                        "rank": info.rank,
-                        "identity": info.source,
-                        "ops": 0,
-                        "first_seq": seq,
-                        "last_seq": seq,
-                    }
-                cm["ops"] += 1
-                if op != "Send" and op != "Recv":
-                    if seq < cm["first_seq"]:
-                        cm["first_seq"] = seq
-                    if seq > cm["last_seq"]:
-                        cm["last_seq"] = seq
+                if not sums:
+                    o = ops.get(op)
+                    if o is None:
+                        o = ops[op] = {"count": 0, "bytes": 0, "host_ns": 0}
+                    o["count"] += 1
+                    o["bytes"] += nbytes
+                    o["host_ns"] += host_ns
+                    cm = comms.get(key)
+                    if cm is None:
+                        cm = comms[key] = {
+                            "nranks": info.nranks,
+                            "rank": info.rank,
+                            "identity": info.source,
+                            "ops": 0,
+                            "first_seq": seq,
+                            "last_seq": seq,
+                        }
+                    cm["ops"] += 1
+                    if op != "Send" and op != "Recv":
+                        if seq < cm["first_seq"]:
+                            cm["first_seq"] = seq
+                        if seq > cm["last_seq"]:
+                            cm["last_seq"] = seq
                 arrival = [key, seq, op, nbytes, n.enter_ns, host_ns]
                 if op in ("Send", "Recv", "Broadcast", "Reduce"):
                     arrival.append(n.peer)
@@ -630,6 +760,8 @@ class RankTracker:
                     grouped.append((n.h.tid, n.enter_ns, arrival))
                 arrivals.append(arrival)
         _add_group_waits(grouped, [g for d in data for g in d.group_ends])
+        if self.has_coll_sums:
+            ops, comms = self._sums(data)
         calls: Counter = Counter()
         inits = []
         for d in data:

@@ -479,8 +479,10 @@ class JobAlign:
         for local, c in rs.comms.items():
             self.comms.observe(rs.rank, c)
             if c.seqs:
-                ra.seqpos[local] = (g, c.seqs[0], len(c.seqs))
-            comms[local] = dataclasses.replace(c, seqs=[g * POSITIONS + i for i in range(len(c.seqs))])
+                ra.seqpos[local] = (g, c.first, c.collectives)
+            # positions in the step: every instance's, or every n-th past the agent's records per step
+            first = c.first
+            comms[local] = dataclasses.replace(c, seqs=[g * POSITIONS + s - first for s in c.seqs])
         # GPU-arrival evidence is for the rank's previous step (its own number): on the job's by the
         # same offset; evidence that claims this step or a later one is not evidence of a past step
         ga = rs.gpu_arrival

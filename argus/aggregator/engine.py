@@ -140,7 +140,7 @@ class JobDiag:
 def _steps_spanned(d: JobDiag, ranks: Dict[int, RankStep]) -> float:
     """How many training steps this summary spans: 1 normally; k when the probe missed k - 1 step
     boundaries (its ranks issued k times the usual collectives), so L1 compares per-step times."""
-    n = median([sum(len(c.seqs) + len(c.p2p) for c in rs.comms.values()) for rs in ranks.values()])
+    n = median([sum(c.collectives + len(c.p2p) for c in rs.comms.values()) for rs in ranks.values()])
     typical = median(list(d.colls)) if d.colls else n
     d.colls.append(n)
     if typical <= 0 or n < 1.5 * typical:

@@ -291,7 +291,7 @@ class GpuArrivals:
         for r in members:
             x = prev[r].comms.get(c) if prev is not None and r in prev else None
             if x is not None:
-                count[r] = len(x.seqs)
+                count[r] = x.collectives
         usual = Counter(count.values()).most_common(1)[0][0] if count else None
         for r in members:
             ga = got.get(r)

@@ -108,9 +108,9 @@ def arrival_lateness(ranks: Dict[int, RankStep], groups: Groups) -> Dict[int, Tu
 
     Members of a communicator report the same instances in a step (positions in the step,
     argus.aggregator.align): their arrivals form a matrix whose columns are the instances (median
-    and last arrival per column). A member with another number of instances (a dropped record, a
-    boundary cut elsewhere) is not matched instance by instance: which of its calls is which would
-    be a guess.
+    and last arrival per column). A member whose instances differ but whose step has as many
+    collectives (a lost record; every n-th recorded from another step on) is matched by position;
+    one with another number (a boundary cut elsewhere) is not: which call is which would be a guess.
     """
     devs: Dict[int, List[int]] = {}
     last: Dict[int, int] = {}
@@ -118,16 +118,17 @@ def arrival_lateness(ranks: Dict[int, RankStep], groups: Groups) -> Dict[int, Tu
         rows: List[Tuple[int, List[int]]] = []
         odd: List[Tuple[int, List[int], List[int]]] = []
         ref: Optional[List[int]] = None
+        ref_n = 0
         for r in g.members:
             rs = ranks.get(r)
             c = rs.comms.get(g.comm) if rs is not None else None
             if c is None or not c.seqs:
                 continue
             if ref is None:
-                ref = c.seqs
+                ref, ref_n = c.seqs, c.collectives
             if c.seqs == ref:
                 rows.append((r, c.arrive_ns))
-            else:
+            elif c.collectives == ref_n:  # the same step, other instances recorded (or lost)
                 odd.append((r, c.seqs, c.arrive_ns))
         if len(rows) < 2 or ref is None:
             continue
@@ -149,8 +150,6 @@ def arrival_lateness(ranks: Dict[int, RankStep], groups: Groups) -> Dict[int, Tu
         if odd:
             at = dict(zip(ref, meds))
             for r, seqs, arr in odd:
-                if len(seqs) != len(ref):
-                    continue
                 d = [a - at[q] for q, a in zip(seqs, arr) if q in at]
                 if d:
                     devs.setdefault(r, []).extend(d)

@@ -23,6 +23,8 @@ struct seq_key {
 };
 BPF_HASH(comm_seq, struct seq_key, u64, 16384);
 BPF_HASH(group_depth, u32, s32, 16384);
+BPF_HASH(colls, struct coll_key, struct coll_val, 16384);
+BPF_HASH(coll_sample, struct sample_key, struct sample_val, 4096);
 
 struct uid_buf {
     u8 b[128];
@@ -54,6 +56,22 @@ static __always_inline int nccl_enter(u32 call, u64 comm, u64 count, u64 dtype, 
     return 0;
 }
 
+/* The operation in the (process, epoch, communicator, call, datatype) sums. One thread issues a
+ * communicator's operations (NCCL requires it), so the first/last fields need no atomics. */
+static __always_inline void count_coll(u32 tgid, u32 call, u64 epoch, struct scratch *s, u64 now) {
+    struct coll_key k = {.tgid = tgid, .call = call, .epoch = epoch, .comm = s->a[0], .dtype = s->a[4] & 0xff};
+    struct coll_val zero = {.first_seq = s->a[1], .first_enter = s->enter_ns};
+    struct coll_val *v = colls.lookup_or_try_init(&k, &zero);
+    if (!v) {
+        drop(DROP_AGG);
+        return;
+    }
+    __sync_fetch_and_add(&v->count, 1);
+    __sync_fetch_and_add(&v->elems, s->a[2]);
+    __sync_fetch_and_add(&v->host_ns, now - s->enter_ns);
+    v->last_exit = now;
+}
+
 static __always_inline int nccl_exit(struct pt_regs *ctx, u32 call) {
     u32 tgid;
     if (!target(&tgid)) return 0;
@@ -62,7 +80,34 @@ static __always_inline int nccl_exit(struct pt_regs *ctx, u32 call) {
     inflight_exit(CLASS_NCCL);
     s64 rc = (s32)PT_REGS_RC(ctx);
     count_error(tgid, call, rc);
-    struct rec_nccl *r = RECORD(rec_nccl, REC_NCCL, call, cur_epoch(tgid));
+    u64 epoch = cur_epoch(tgid), now = bpf_ktime_get_ns();
+    u32 flags = (u32)(s.a[4] >> 16);
+    u32 skipped = 0;
+    u64 skip_ns = 0;
+    if (call != CALL_ncclGroupEnd) {
+        count_coll(tgid, call, epoch, &s, now);
+        /* At tensor-parallel rates (thousands of collectives a step) a record per collective costs
+         * the agent more than everything else together: past the agent's limit per step, only every
+         * stride-th collective of a communicator is recorded, the same ones on every rank (the
+         * phase puts the first of each step among them). Point-to-point and grouped operations
+         * are always recorded. */
+        struct sample_key sk = {.tgid = tgid, .comm = s.a[0]};
+        struct sample_val *sv = (call == CALL_ncclSend || call == CALL_ncclRecv || (flags & NCCL_F_IN_GROUP))
+                                    ? 0
+                                    : coll_sample.lookup(&sk);
+        if (sv && sv->stride > 1) {
+            sv->last_seq = s.a[1];
+            if ((s.a[1] - sv->phase) % sv->stride) {
+                sv->skipped += 1;
+                sv->skip_ns = s.enter_ns;
+                return 0;
+            }
+            skipped = (u32)sv->skipped;
+            skip_ns = sv->skip_ns;
+            sv->skipped = 0;
+        }
+    }
+    struct rec_nccl *r = RECORD(rec_nccl, REC_NCCL, call, epoch);
     if (!r) return 0;
     r->comm = s.a[0];
     r->seq = s.a[1];
@@ -71,10 +116,11 @@ static __always_inline int nccl_exit(struct pt_regs *ctx, u32 call) {
     r->enter_ns = s.enter_ns;
     r->dtype = s.a[4] & 0xff;
     r->redop = (s.a[4] >> 8) & 0xff;
-    r->flags = (u32)(s.a[4] >> 16);
+    r->flags = flags;
     r->peer = (s32)s.a[5];
     r->result = (s32)rc;
-    r->pad = 0;
+    r->skipped = skipped;
+    r->skip_ns = skip_ns;
     record_submit(r);
     return 0;
 }

@@ -38,14 +38,25 @@
 #ifndef ARGUS_PY_COLL_EVERY
 #define ARGUS_PY_COLL_EVERY 4
 #endif
+/* At tensor-parallel rates (thousands of launches and collectives a step, issued in bursts) the
+ * counts alone made ~1,450 walks a rank-step, each a record the agent decodes. A thread's launch and
+ * collective walks are at least this far apart: a call that would be walked sooner is counted, in
+ * BPF, to the stack of the thread's last walk (within the same epoch, so never to another step). */
+#ifndef ARGUS_PY_HIT_GAP_NS
+#define ARGUS_PY_HIT_GAP_NS 2000000
+#endif
 
 struct py_hit_state {
     u32 countdown;      /* launches until the next walk */
     u32 force;          /* walk at the next launch (an event record was just made) */
     u32 coll_countdown; /* collectives until the next walk */
     u32 pad;
+    u64 last_ns;    /* the thread's last walk at a native call */
+    u64 last_stack; /* ... the stack it found (0: none) */
+    u64 last_epoch; /* ... and its epoch */
 };
 BPF_HASH(py_hits, u32, struct py_hit_state, 16384);
+BPF_HASH(py_owed, struct py_owed_key, u64, 16384);
 
 /* ---- sampling ---------------------------------------------------------------------------------- */
 
@@ -115,6 +126,17 @@ static __always_inline void py_native_hit(u32 call, u64 aux, u32 how) {
             st->countdown = ARGUS_PY_LAUNCH_EVERY;
             weight = ARGUS_PY_LAUNCH_EVERY;
         }
+        u64 now = bpf_ktime_get_ns();
+        if (weight > 1 && st->last_stack && now - st->last_ns < ARGUS_PY_HIT_GAP_NS) {
+            u64 epoch = cur_epoch(tgid);
+            if (epoch == st->last_epoch) {
+                struct py_owed_key k = {.tgid = tgid, .call = call, .epoch = epoch, .stack = st->last_stack};
+                u64 zero = 0;
+                agg_add(py_owed.lookup_or_try_init(&k, &zero), weight);
+                return;
+            }
+        }
+        st->last_ns = now;
     }
     u32 zero = 0;
     struct py_hit_arg *a = py_hit_args.lookup(&zero);
@@ -141,8 +163,14 @@ int py_walk_native(struct pt_regs *ctx) {
     u32 tgid = cur_tgid();
     struct py_cfg *cfg = py_targets.lookup(&tgid);
     if (!cfg) return 0;
-    u64 stack = py_walk(cfg, tgid, cur_tid(), PY_SLOT_PROBE);
-    struct rec_py_mark *r = RECORD(rec_py_mark, REC_PY_MARK, a->call, cur_epoch(tgid));
+    u32 tid = cur_tid();
+    u64 stack = py_walk(cfg, tgid, tid, PY_SLOT_PROBE), epoch = cur_epoch(tgid);
+    struct py_hit_state *st = py_hits.lookup(&tid);
+    if (st) {
+        st->last_stack = stack;
+        st->last_epoch = epoch;
+    }
+    struct rec_py_mark *r = RECORD(rec_py_mark, REC_PY_MARK, a->call, epoch);
     if (!r) return 0;
     r->stack = stack;
     r->aux = a->aux;

@@ -89,9 +89,27 @@ struct rec_nccl {
     u32 redop;
     s32 result;
     u32 flags; /* NCCL_F_* */
-    u32 pad;
+    u32 skipped; /* collectives of this communicator not recorded since its previous record */
+    u64 skip_ns; /* host enter of the last of those (monotonic ns; 0: none) */
 };
 #define NCCL_F_IN_GROUP 1
+
+/* Which collectives of a communicator get a record (nccl.bpf.c `coll_sample`, set by the agent
+ * once it knows the communicator's collectives per step): those whose sequence number is
+ * `phase` mod `stride`; the others are only summed (`colls`). */
+struct sample_key {
+    u32 tgid;
+    u32 pad;
+    u64 comm;
+};
+
+struct sample_val {
+    u64 stride;
+    u64 phase;
+    u64 skipped;
+    u64 skip_ns;
+    u64 last_seq; /* of the communicator's latest collective, recorded or not (hangs: who is behind) */
+};
 
 struct rec_comm_init {
     struct rec_hdr h;
@@ -165,6 +183,27 @@ struct call_key {
     u32 tgid;
     u32 call;
     u64 epoch;
+};
+
+/* Every NCCL operation, summed per (process, epoch, communicator handle, call, datatype) in BPF
+ * (nccl.bpf.c `colls`): what the step's signature and per-op totals need, exact even when ring
+ * records are lost (a record per operation is what diagnosis of instances needs, not counting). */
+struct coll_key {
+    u32 tgid;
+    u32 call;
+    u64 epoch;
+    u64 comm;
+    u32 dtype;
+    u32 pad;
+};
+
+struct coll_val {
+    u64 count;
+    u64 elems;       /* count argument summed (x datatype size: bytes) */
+    u64 host_ns;     /* enter -> return, summed */
+    u64 first_seq;   /* of the first seen in the epoch (sequence numbers: nccl.bpf.c) */
+    u64 first_enter; /* monotonic ns */
+    u64 last_exit;
 };
 
 /* ---- Python, host and record-mode layouts (bpf/python.bpf.c, bpf/host.bpf.c) -------------------- */
@@ -250,6 +289,15 @@ struct gc_key {
     u32 tgid;
     s32 gen;
     u64 epoch;
+};
+
+/* Launches and collectives whose Python stack was not walked (a walk of the thread's was too
+ * recent: python.bpf.c), counted to the stack of that walk: (process, call, epoch, stack) -> calls */
+struct py_owed_key {
+    u32 tgid;
+    u32 call;
+    u64 epoch;
+    u64 stack;
 };
 
 struct gc_val {

@@ -113,7 +113,8 @@ class RecNccl(S):
         ("redop", c_uint32),
         ("result", c_int32),
         ("flags", c_uint32),
-        ("pad", c_uint32),
+        ("skipped", c_uint32),
+        ("skip_ns", c_uint64),
     ]
 
 
@@ -219,6 +220,10 @@ class GcKey(S):
     _fields_ = [("tgid", c_uint32), ("gen", c_int32), ("epoch", c_uint64)]
 
 
+class PyOwedKey(S):
+    _fields_ = [("tgid", c_uint32), ("call", c_uint32), ("epoch", c_uint64), ("stack", c_uint64)]
+
+
 class GcVal(S):
     _fields_ = [("count", c_uint64), ("ns", c_uint64), ("max_ns", c_uint64), ("collected", c_int64)]
 
@@ -269,6 +274,42 @@ class RecStreamWait(S):
     _fields_ = [("h", RecHdr), ("stream", c_uint64), ("event", c_uint64)]
 
 
+class CollKey(S):
+    _fields_ = [
+        ("tgid", c_uint32),
+        ("call", c_uint32),
+        ("epoch", c_uint64),
+        ("comm", c_uint64),
+        ("dtype", c_uint32),
+        ("pad", c_uint32),
+    ]
+
+
+class CollVal(S):
+    _fields_ = [
+        ("count", c_uint64),
+        ("elems", c_uint64),
+        ("host_ns", c_uint64),
+        ("first_seq", c_uint64),
+        ("first_enter", c_uint64),
+        ("last_exit", c_uint64),
+    ]
+
+
+class SampleKey(S):
+    _fields_ = [("tgid", c_uint32), ("pad", c_uint32), ("comm", c_uint64)]
+
+
+class SampleVal(S):
+    _fields_ = [
+        ("stride", c_uint64),
+        ("phase", c_uint64),
+        ("skipped", c_uint64),
+        ("skip_ns", c_uint64),
+        ("last_seq", c_uint64),
+    ]
+
+
 class RecEventDone(S):
     _fields_ = [("h", RecHdr), ("event", c_uint64), ("not_ready_ns", c_uint64)]
 
@@ -293,6 +334,10 @@ MIRRORS: Dict[str, Type[S]] = {
     "mem_val": MemVal,
     "err_key": ErrKey,
     "call_key": CallKey,
+    "coll_key": CollKey,
+    "coll_val": CollVal,
+    "sample_key": SampleKey,
+    "sample_val": SampleVal,
     "inflight": Inflight,
     "usdt_arg": UsdtArg,
     "py_cfg": PyCfg,
@@ -300,6 +345,7 @@ MIRRORS: Dict[str, Type[S]] = {
     "prof_key": ProfKey,
     "prof_val": ProfVal,
     "gc_key": GcKey,
+    "py_owed_key": PyOwedKey,
     "gc_val": GcVal,
     "rec_py_mark": RecPyMark,
     "rec_py_sample": RecPySample,
