@@ -55,23 +55,23 @@ int fill(struct pt_regs *ctx) {{
     assert compiled["sizeof(rec_comm_init)"] > 128  # the table was really filled
 
 
-def test_records_decode_from_the_ring_address_as_from_bytes() -> None:
-    """decode_at (the agent's path: bcc's pointer, one copy) gives what decode(bytes) gives, and
-    refuses what decode refuses."""
+def test_records_decode_from_the_ring_memory_as_from_bytes() -> None:
+    """decode_from (the agent's path: the ring's memory map at an offset, one copy) gives what
+    decode(bytes) gives, and refuses what decode refuses."""
     from argus.probes import records as R
 
     for kind, cls in R._BY_KIND.items():
         rec = cls()
         rec.h.kind, rec.h.tgid, rec.h.ts = kind, 4242, 10**18 + kind
         raw = bytes(rec) + b"\xff" * 8  # a record may come with trailing bytes
-        buf = ctypes.create_string_buffer(raw, len(raw))
-        got = R.decode_at(ctypes.addressof(buf), len(raw))
+        buf = bytearray(b"\x00" * 24 + raw)
+        got = R.decode_from(buf, 24, len(raw))
         assert type(got) is cls and bytes(got) == bytes(R.decode(raw)) == bytes(rec)
-    buf = ctypes.create_string_buffer(64)
-    ctypes.c_uint32.from_buffer(buf).value = 999
+    buf = bytearray(64)
+    buf[:4] = (999).to_bytes(4, "little")
     for size, says in ((8, "short record"), (64, "unknown record kind 999")):
         with pytest.raises(R.DecodeError, match=says):
-            R.decode_at(ctypes.addressof(buf), size)
-    ctypes.c_uint32.from_buffer(buf).value = R.REC_NCCL
+            R.decode_from(buf, 0, size)
+    buf[:4] = R.REC_NCCL.to_bytes(4, "little")
     with pytest.raises(R.DecodeError, match="expected"):
-        R.decode_at(ctypes.addressof(buf), ctypes.sizeof(R.RecHdr))
+        R.decode_from(buf, 0, ctypes.sizeof(R.RecHdr))

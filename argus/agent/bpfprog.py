@@ -6,6 +6,7 @@ so maps such as the per-process epoch are shared. Knobs are -D macros built by `
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import re
@@ -202,7 +203,9 @@ def load(channels: Sequence[Channel], opts: BpfOptions) -> Any:
     fix_uprobe_abi()
     with hostfacts.stderr_to_file() as err:  # bcc's compiler writes diagnostics to fd 2
         try:
-            return BPF(text=source(channels), cflags=cflags(channels, opts))
+            bpf = BPF(text=source(channels), cflags=cflags(channels, opts))
+            release_compiler_pages()
+            return bpf
         except Exception as e:
             err.seek(0)
             diag = [ln for ln in err.read().splitlines() if "error" in ln]
@@ -210,3 +213,31 @@ def load(channels: Sequence[Channel], opts: BpfOptions) -> Any:
                 f"compiling the BPF programs failed: {(diag or [str(e)])[0].strip()}",
                 "run `argus doctor`; `argus probe --ebpf` prints the program and flags",
             ) from None
+
+
+MADV_DONTNEED = 4
+# the compiler bcc links (LLVM, clang): ~80 MB of code and read-only data paged in by one compile
+COMPILER_LIBS = ("libLLVM", "libclang")
+
+
+def release_compiler_pages(maps: str = "/proc/self/maps") -> int:
+    """Drop the compiler's code pages from our RSS once the program is compiled: they are file pages
+    the kernel reads back if bcc ever compiles again, and otherwise made up most of the ~80 MB of the
+    agent's ~220 MB for its whole run (docs/benchmarks.md 8.7). Returns the bytes advised."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    done = 0
+    try:
+        lines = open(maps).read().splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        parts = line.split()
+        # code only: a read-only data mapping may hold relocated pages (RELRO), which a drop would
+        # turn back into the file's unrelocated bytes
+        if len(parts) < 6 or parts[1] != "r-xp" or not any(lib in parts[5] for lib in COMPILER_LIBS):
+            continue
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        if libc.madvise(lo, hi - lo, MADV_DONTNEED) == 0:
+            done += hi - lo
+    return done

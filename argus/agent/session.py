@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import mmap
 import os
 import time
 from collections import Counter
@@ -23,12 +24,13 @@ from argus.agent.attach import ALL_CHANNELS, AUX_CHANNELS, Attacher, SlowProbe, 
 from argus.agent.attachscan import AttachScans
 from argus.agent.identity import Identity
 from argus.agent.keeper import Keeper, close_fds
+from argus.agent.ringread import RingReader
 from argus.agent.targets import Identities, Target, execed, exited, read_process
 from argus.agent.tracker import RankTracker
 from argus.errors import ArgusError
 from argus.probes import cpython, libnccl
 from argus.probes.base import Channel, call_channel, call_name
-from argus.probes.records import DecodeError, TargetCfg, decode_at
+from argus.probes.records import DecodeError, TargetCfg, decode_from
 
 
 @dataclass
@@ -73,7 +75,7 @@ class Session:
                 f"{self.keeper.error}: a SIGKILL of the agent may leave probes behind"
             )
         self.attacher = Attacher(self.bpf, self.opts, self.keeper, self.health, launch_window)
-        self.bpf["records"].open_ring_buffer(self._on_ring)
+        self.ring = RingReader(self.bpf["records"].map_fd, self.opts.ringbuf_pages * mmap.PAGESIZE)
         self.started_ns = time.monotonic_ns()
         self.py: Any = None  # the Python and host channels (argus/agent/pyagent.py)
         names = {c.name for c in self.channels}
@@ -196,16 +198,13 @@ class Session:
 
     # ---- the loop ------------------------------------------------------------------------------------
 
-    def _on_ring(self, _ctx: Any, data: Any, size: int) -> int:
-        # an int, always: bcc's wrapper calls int() on what this returns and catches the TypeError
-        # of None, which cost more than decoding the record (per record, tens of thousands a second)
+    def _on_ring(self, buf: Any, off: int, size: int) -> None:
         try:
-            rec = decode_at(data, size)
+            rec = decode_from(buf, off, size)
         except DecodeError:
             self.health.decode_errors += 1
-            return 0
+            return
         self._on_record(rec)
-        return 0
 
     def _on_record(self, rec: Any) -> None:
         if self.py is not None and self.py.on_record(rec):
@@ -219,7 +218,7 @@ class Session:
             t.tracker.on_record(rec)
 
     def consume(self) -> None:
-        self.bpf.ring_buffer_consume()
+        self.ring.read(self._on_ring)
 
     def drain(self) -> None:
         """Read every channel's aggregation maps into the trackers and sections (argus/agent/drain.py)."""

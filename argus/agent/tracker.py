@@ -186,6 +186,7 @@ class RankTracker:
         self.sampled: Dict[int, Tuple[int, int]] = {}  # comm handle -> (stride, phase) asked of BPF
         self._sample_new: List[Tuple[int, int, int]] = []  # (handle, stride, phase) not yet in BPF
         self._coll_n: Dict[int, int] = {}  # comm handle -> its collectives in the previous step
+        self._provisional: Set[int] = set()  # sampled before steps were cut: phase not aligned yet
 
     def epoch(self, e: int) -> EpochData:
         d = self.epochs.get(e)
@@ -405,6 +406,7 @@ class RankTracker:
         for e in range(self.next_epoch, final_before):
             self.detector.add(self._sig(e))
             self.queue.append(e)
+            self._provisional_samples(e)
         self.next_epoch = max(self.next_epoch, final_before)
         out: List[dict] = []
         if self.detector.period is None and not self.detector.step_fn:
@@ -603,6 +605,26 @@ class RankTracker:
             cm["first_seq"], cm["last_seq"], cm["collectives"] = first, first + n - 1, n
         return ops, comms
 
+    def _provisional_samples(self, e: int) -> None:
+        """Before any step is cut (finding the period takes several steps): a communicator with more
+        than twice `coll_records` collectives in one epoch gets every stride-th recorded at once,
+        else the records of those steps, thousands a step and rank at tensor-parallel rates, are
+        most of the agent's memory. Until `_want_samples` aligns it, the phase is this rank's own."""
+        k = self.coll_records
+        d = self.epochs.get(e)
+        if k <= 0 or d is None or not d.colls:
+            return
+        n: Counter = Counter()
+        for (handle, call, _dt), v in d.colls.items():
+            if handle and call not in P2P_CALLS:
+                n[handle] += v[0]
+        for handle, count in n.items():
+            if count > 2 * k and handle not in self.sampled:
+                stride = -(-count // k)
+                self.sampled[handle] = (stride, 0)
+                self._provisional.add(handle)
+                self._sample_new.append((handle, stride, 0))
+
     def _want_samples(self, colls: Dict[int, Tuple[int, int]]) -> None:
         """After a step: communicators with more collectives than `coll_records` in it and in the
         step before get every stride-th recorded from now on, the first of each step among them (the
@@ -614,8 +636,9 @@ class RankTracker:
             return
         for handle, (first, n) in colls.items():
             prev, self._coll_n[handle] = self._coll_n.get(handle), n
-            if n <= k or prev != n or handle in self.sampled:
+            if n <= k or prev != n or (handle in self.sampled and handle not in self._provisional):
                 continue
+            self._provisional.discard(handle)
             stride = next(d for d in range(-(-n // k), n + 1) if n % d == 0)
             self.sampled[handle] = (stride, first % stride)
             self._sample_new.append((handle, stride, first % stride))

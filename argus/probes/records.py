@@ -7,8 +7,9 @@ every mirror with the layout bcc compiled.
 from __future__ import annotations
 
 import ctypes
+import struct
 from ctypes import c_char, c_int32, c_int64, c_uint8, c_uint16, c_uint32, c_uint64
-from typing import Dict, Type, Union
+from typing import Any, Dict, Type, Union
 
 REC_SYNC = 1
 REC_FUNC_NAME = 2
@@ -402,22 +403,21 @@ _HDR = ctypes.sizeof(RecHdr)
 _SIZES = {k: ctypes.sizeof(c) for k, c in _BY_KIND.items()}
 
 
-def decode_at(addr: int, size: int) -> Record:
-    """A ring-buffer record at `addr` (bcc's callback pointer), copied once into its mirror struct:
-    what `decode(ctypes.string_at(addr, size))` gives, without the intermediate bytes and slice (the
-    agent decodes every record, tens of thousands a second at tensor-parallel rates)."""
+_KIND = struct.Struct("<I")
+
+
+def decode_from(buf: Any, off: int, size: int) -> Record:
+    """The record of `size` bytes at `off` of `buf` (the ring's memory map: argus/agent/ringread.py)
+    as its mirror struct, copied once."""
     if size < _HDR:
         raise DecodeError(f"short record ({size} bytes)")
-    kind = ctypes.c_uint32.from_address(addr).value
+    kind = _KIND.unpack_from(buf, off)[0]
     cls = _BY_KIND.get(kind)
     if cls is None:
         raise DecodeError(f"unknown record kind {kind}")
-    n = _SIZES[kind]
-    if size < n:
-        raise DecodeError(f"record kind {kind} has {size} bytes, expected {n}")
-    rec = cls()
-    ctypes.memmove(ctypes.addressof(rec), addr, n)
-    return rec  # type: ignore[return-value]
+    if size < _SIZES[kind]:
+        raise DecodeError(f"record kind {kind} has {size} bytes, expected {_SIZES[kind]}")
+    return cls.from_buffer_copy(buf, off)  # type: ignore[return-value]
 
 
 def decode(data: bytes) -> Record:
