@@ -5,8 +5,9 @@ N members, started alike but for I, each do three things for every job they serv
 
 * **route**: as members of one consumer group on the job's stream (``argus:{JOB}:steps``, the
   agents' own: nothing changes for them) they read the summaries in any share, look at the rank
-  (a few msgpack keys, ~1 µs: no decoding) and append the entry's bytes unchanged to its shard's
-  stream (``argus:{JOB}:shard:S:steps``), heartbeats likewise by their ranks. Routing is
+  (a few msgpack keys, ~1 µs: no decoding) and append the entries' bytes unchanged to their
+  shard's stream (``argus:{JOB}:shard:S:steps``), one entry per shard and batch: Redis's work is
+  per entry, and one job's keys are one Redis master's. Heartbeats likewise, by their ranks. Routing is
   stateless given the plan, so any member may route any entry, and entries a member read and
   did not forward are claimed by the others once idle for a lease period (XAUTOCLAIM).
 * **judge a shard**: the member holding shard S's lease (``argus:{JOB}:shard:S:owner``; member
@@ -44,6 +45,7 @@ from argus.aggregator.partition import Plan, RankInfo, make_plan, rank_info
 from argus.aggregator.reduce import Reducer
 from argus.aggregator.service import RENEW, load_book, publish_alerts
 from argus.errors import RedisUnavailable, UsageError
+from argus.reader import Message, Reader
 from argus.redisconf import connection_hint
 from argus.rediskeys import (
     k_hb,
@@ -57,11 +59,15 @@ from argus.rediskeys import (
     k_steps,
     list_jobs,
 )
-from argus.transport import HB_MAXLEN, STEPS_MAXLEN
+from argus.schema import RankStep
+from argus.transport import HB_MAXLEN
 
 PLAN_WAIT_S = 3.0  # a plan waits this long (wall) for ranks beyond those seen, unless all are seen
 PLAN_SAMPLE = 8192  # entries of the job's stream read per poll while planning
 REDUCE_MAXLEN = 100_000
+SHARD_MAXLEN = 20_000  # bundles (a router's batch of one shard's summaries each): millions of summaries
+MAX_BUNDLE = 65_536
+BUNDLES_PER_READ = 4  # a bundle holds up to a routing batch (1,024 summaries)
 # a lease given up (a clean exit) only by its holder
 _DROP = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], 0) end return 0"
 # a rank placed once for every member: the first placement stays (HEXISTS + HSET in one script:
@@ -212,21 +218,75 @@ class GroupStream:
         return out
 
 
+class ShardReader(Reader):
+    """A shard's stream: each entry a bundle of the summaries of one router batch for this shard
+    (msgpack list of the agents' bytes, unchanged). A summary comes back as a Message with its
+    bundle's id; the bundle is acknowledged by the owner once every summary of it was judged, and
+    at once here when none of it is to be judged (all malformed or seen before)."""
+
+    def _accept(
+        self, raw: List[Tuple[bytes, Optional[Dict[bytes, bytes]]]], ack: bool = True
+    ) -> List[Message]:
+        empty: List[bytes] = []
+        scratch: List[bytes] = []  # a rejected or duplicate summary is counted, its bundle kept
+        decoded: List[Tuple[bytes, bytes, Optional[RankStep], Set[int]]] = []
+        missing: Set[int] = set()
+        for eid, fields in raw:
+            if not fields:  # trimmed away while pending
+                self.stats.trimmed += 1
+                empty.append(eid)
+                continue
+            items = self._bundle(fields)
+            if items is None:
+                self._reject("fields", eid, empty)
+                continue
+            for data in items:
+                m: Set[int] = set()
+                decoded.append((eid, data, self._decode(eid, {b"d": data}, scratch, m), m))
+                missing |= m
+        if missing:
+            self._fetch_names(missing)
+        out: List[Message] = []
+        for eid, data, rs, m in decoded:
+            if rs is not None and m:
+                m2: Set[int] = set()
+                rs = self._decode(eid, {b"d": data}, scratch, m2, again=True)
+                self.stats.unknown_names += len(m2)
+            if rs is not None:
+                self._emit(eid, rs, out, scratch)
+        kept = {x.id for x in out}
+        empty += [eid for eid, _f in raw if eid not in kept and eid not in empty]
+        if ack:
+            self.ack(empty)
+        return out
+
+    @staticmethod
+    def _bundle(fields: Dict[bytes, bytes]) -> Optional[List[bytes]]:
+        b = fields.get(b"b")
+        if not isinstance(b, bytes) or len(fields) != 1:
+            return None
+        try:
+            items = msgpack.unpackb(b, raw=True, max_array_len=MAX_BUNDLE, max_map_len=0, max_ext_len=0)
+        except Exception:  # malformed: msgpack's errors have no common base
+            return None
+        if not isinstance(items, list) or not all(isinstance(x, bytes) for x in items):
+            return None
+        return items
+
+
 class ShardOwner:
     """One shard of one job, judged by this member while it holds the shard's lease."""
 
     def __init__(self, m: JobMember, shard: int) -> None:
-        from argus.reader import Reader
-
         self.m, self.shard = m, shard
         self.engine = Engine(m.member.th, m.member.info, shard=shard)
-        self.reader = Reader(
+        self.reader = ShardReader(
             m.r,
             m.job,
             m.member.group,
             m.member.consumer,
             key=k_shard_steps(m.job, shard),
-            count=m.member.count,
+            count=BUNDLES_PER_READ,  # bundles: a backlog read at once was ~50 MB at 1,024 ranks
             claim_idle_ms=int(m.member.lease_s * 1000),
         )
         self.hb_cursor = "-"
@@ -234,6 +294,7 @@ class ShardOwner:
         # step, judged frontier when it came) of ranks not aligned yet
         self.buckets: Dict[int, List[bytes]] = {}
         self.waiting: List[Tuple[bytes, int, int, int]] = []
+        self.open: Dict[bytes, int] = {}  # bundle -> its summaries not judged yet
         self.ranks: Set[int] = set()
         self.scope()
         load_book(m.r, m.job, self.engine.book, self._mine)
@@ -277,11 +338,13 @@ class ShardOwner:
     def _settle(self, msgs: List[Any]) -> None:
         """Acknowledge what was judged (or will never be): a member that dies before judging a
         step leaves its entries pending for the next owner."""
+        for m in msgs:
+            self.open[m.id] = self.open.get(m.id, 0) + 1
         d = self.engine.jobs.get(self.m.job)
         if d is None:
             return
         judged = d.aligner.judged
-        ack: List[bytes] = []
+        ack: List[bytes] = []  # one per summary settled: its bundle goes once all of it has
         for m in msgs:
             ra = d.align.ranks.get(m.step.rank)
             own = m.step.step if m.step.step is not None else -1
@@ -306,7 +369,15 @@ class ShardOwner:
             self.waiting = keep
         for s in [s for s in self.buckets if s <= judged]:
             ack += self.buckets.pop(s)
-        self.reader.ack(ack)
+        done = []
+        for eid in ack:
+            left = self.open.get(eid, 1) - 1
+            if left > 0:
+                self.open[eid] = left
+            else:
+                self.open.pop(eid, None)
+                done.append(eid)
+        self.reader.ack(done)
 
     def _hand_over(self) -> None:
         """Partials of the steps just judged, and a new hang judgement, to the reducer."""
@@ -413,6 +484,7 @@ class JobMember:
         self.extra: Dict[int, int] = {}  # rank -> shard, placed after the plan
         self._sizes: Dict[int, int] = {}
         self._next_extra = 0.0
+        self._dirty = False  # ranks placed since the shards' sizes were counted
         self._next_plan = 0.0
         self.infos: Dict[int, RankInfo] = {}  # planning: ranks seen at the head of the job's stream
         self._plan_cursor = "-"
@@ -451,16 +523,21 @@ class JobMember:
         return self._sizes.get(shard, 0)
 
     def _resize(self) -> None:
+        """How many ranks each shard waits for (`expected`); its owner's scope when that changed."""
         assert self.plan is not None
-        sizes = [0] * self.n
-        known = set(self.plan.of) | set(self.extra)
-        for s in list(self.plan.of.values()) + list(self.extra.values()):
+        n, world = self.n, self.plan.world
+        sizes = [0] * n
+        known = {**self.plan.of, **self.extra}
+        # ranks below the world size nobody has seen yet: by rank range (Plan.place), counted per
+        # range rather than one by one (100,000 ranks)
+        for s in range(n):
+            sizes[s] = -(-(s + 1) * world // n) - -(-s * world // n)
+        for r, s in known.items():
             sizes[s] += 1
-        for r in range(self.plan.world):
-            if r not in known:
-                sizes[self.plan.place(RankInfo(r, "\0"))] += 1
-        changed = {s: v for s, v in enumerate(sizes)} != self._sizes
-        self._sizes = dict(enumerate(sizes))
+            if r < world:
+                sizes[min(n - 1, r * n // world)] -= 1
+        new = dict(enumerate(sizes))
+        changed, self._sizes = new != self._sizes, new
         if changed:
             for o in self.owners.values():
                 o.scope()
@@ -495,20 +572,28 @@ class JobMember:
     def _make_plan(self, now: float) -> None:
         """The reducer's first job: the partition, from the head of the job's stream (read, not
         consumed), once every rank the world size promises was seen or none came for a while."""
-        raw = self.r.xrange(k_steps(self.job), min=self._plan_cursor, count=PLAN_SAMPLE)
+        world = max((i.world for i in self.infos.values()), default=-1)
+        full = 0 < world <= len(self.infos)
+        raw = [] if full else self.r.xrange(k_steps(self.job), min=self._plan_cursor, count=PLAN_SAMPLE)
         for eid, fields in raw:
             self._plan_cursor = "(" + eid.decode()
+            data = (fields or {}).get(b"d")
+            if peek_rank(data) in self.infos:  # a rank's first summary is all a plan needs of it
+                continue
             try:
-                rs = wire.decode_step((fields or {}).get(b"d"), {}, set())
+                rs = wire.decode_step(data, {}, set())
             except wire.WireError:
                 continue
             if rs.job == self.job and rs.rank not in self.infos:
                 self.infos[rs.rank] = rank_info(rs)
                 self._grew = now
-        if len(raw) == PLAN_SAMPLE or not self.infos:  # more to read first, or nothing yet
+                world = max(world, rs.world_size)
+                if 0 < world <= len(self.infos):
+                    full = True
+                    break
+        if not self.infos or (not full and len(raw) == PLAN_SAMPLE):  # nothing yet, or more to read
             return
-        world = max(i.world for i in self.infos.values())
-        if len(self.infos) < world and now - self._grew < PLAN_WAIT_S:
+        if not full and now - self._grew < PLAN_WAIT_S:
             return
         plan = make_plan(self.infos.values(), self.n, world)
         self.r.set(k_shard_plan(self.job), plan.to_bytes(), nx=True)
@@ -524,7 +609,7 @@ class JobMember:
         except ValueError:
             pass
         self.extra[rank] = s
-        self._resize()
+        self._dirty, self._next_extra = True, 0.0  # sizes at the next poll, once for all placed by then
         return s
 
     def _refresh_extra(self, now: float) -> None:
@@ -539,8 +624,8 @@ class JobMember:
                 continue
             if 0 <= s < self.n:
                 got[r] = s
-        if got != self.extra:
-            self.extra = got
+        if got != self.extra or self._dirty:
+            self.extra, self._dirty = got, False
             self._resize()
 
     def shard_of(self, rank: int, data: Optional[bytes]) -> int:
@@ -612,13 +697,21 @@ class JobMember:
         got = self.steps_in.read(now)
         if got:
             pipe = self.r.pipeline(transaction=False)
+            by: Dict[int, List[bytes]] = {}
             for _eid, fields in got:
                 if not fields:  # trimmed away while pending
                     continue
                 data = fields.get(b"d")
                 rank = peek_rank(data)
                 s = 0 if rank is None else self.shard_of(rank, data)  # malformed: a reader says so
-                pipe.xadd(k_shard_steps(self.job, s), fields, maxlen=self._maxlen(s), approximate=True)
+                by.setdefault(s, []).append(data if isinstance(data, bytes) and len(fields) == 1 else b"")
+            for s, bundle in by.items():  # one entry per shard and batch: Redis's work is per entry
+                pipe.xadd(
+                    k_shard_steps(self.job, s),
+                    {b"b": msgpack.packb(bundle)},
+                    maxlen=SHARD_MAXLEN,
+                    approximate=True,
+                )
             pipe.xack(self.steps_in.key, self.steps_in.group, *[eid for eid, _f in got])
             pipe.execute()
             self.member.stats.routed += len(got)
@@ -651,9 +744,6 @@ class JobMember:
         if not out:
             out = {self.plan.hosts.get(hb.host, 0)}
         return out
-
-    def _maxlen(self, s: int) -> int:
-        return max(STEPS_MAXLEN, 16 * self._sizes.get(s, 0))  # 16 steps of the shard's backlog
 
     def publish(self, alerts: List[Alert]) -> None:
         if alerts:
