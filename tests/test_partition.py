@@ -232,3 +232,66 @@ def test_a_shard_silent_past_the_patience_is_not_waited_for() -> None:
     assert red.judged == 2 and red.stats.short == 2  # silent 5.5 s: judged without it
     red.add(StepPartial("j", 1, 1, 1, [100] * 4, [24] * 4, False, True), now=9.0)
     assert red.stats.late == 1
+
+
+def test_a_hang_across_shards_names_the_rank_the_others_wait_for() -> None:
+    # 16 ranks on 4 hosts, one agent a host; rank 6 never reached step 12's first all-reduce of
+    # the data-parallel communicator (cut in two): the shard without it sees everyone blocked
+    from argus.aggregator.config import Thresholds
+    from argus.schema import Heartbeat, InFlight
+
+    th = Thresholds()
+    th.hang_min_s = 2.0
+    job = Job(ranks=16, steps=12)
+    items = steps(job)
+    dp = next(iter(items[0].comms))
+    last = {r: 12 * job.buckets + 2 for r in range(16)}
+    last[6] = 12 * job.buckets - 1
+
+    def beats(ts: float, hung: bool) -> List[Heartbeat]:
+        s = int(ts * 1e9)
+        return [
+            Heartbeat(
+                job="synth",
+                agent=f"node-{h}:1",
+                host=f"node-{h}",
+                ts_ns=s,
+                ranks={r: 100 + r for r in range(4 * h, 4 * h + 4)},
+                inflight=[
+                    InFlight(r, 100 + r, "ncclAllReduce", s - 5 * 10**9)
+                    for r in range(4 * h, 4 * h + 4)
+                    if hung and r != 6
+                ],
+                last_seq={r: {dp: last[r] if hung else 400} for r in range(4 * h, 4 * h + 4)},
+            )
+            for h in (1, 0, 2, 3)  # rank 6's host first: one aggregator names it from the start
+        ]
+
+    one = Engine(th)
+    for rs in items:
+        one.add(rs)
+    fired = [a for hb in beats(100.0, True) for a in one.add(hb)]
+    assert [(a.kind, a.ranks) for a in fired] == [("hang", [6])]
+
+    plan = make_plan(_infos(items), 2)
+    red = Reducer("synth", th)
+    red.shards = {0, 1}
+    engines = {}
+    for s in (0, 1):
+        eng = engines[s] = Engine(th, shard=s)
+        eng.set_scope("synth", len(plan.ranks_of(s)), {c for c, x in plan.comms.items() if x == s})
+        for rs in items:
+            if plan.of[rs.rank] == s:
+                eng.add(rs)
+    out: List[Alert] = []
+    for ts, hung in ((100.0, True), (102.0, False), (104.0, False)):
+        for hb in beats(ts, hung):
+            s = plan.hosts[hb.host]
+            assert engines[s].add(hb) == []  # a shard publishes no hang itself
+            out += red.hang(decode(engines[s].hangs.pop("synth").to_bytes()))
+    assert (out[0].kind, out[0].ranks, out[0].state, out[0].id) == ("hang", [6], "firing", fired[0].id)
+    # heartbeats of a job that runs again: every hang alert resolves, as with one aggregator
+    for ts in (102.0, 104.0):
+        for hb in beats(ts, False):
+            one.add(hb)
+    assert not one.book.firing() and not red.book.firing()
