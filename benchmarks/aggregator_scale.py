@@ -116,15 +116,19 @@ def start_redis() -> tuple:
     return p, f"redis://127.0.0.1:{port}/0"
 
 
-def aggregate_child(url: str, job: str, total: int, consumer: str, idle_s: float) -> Dict[str, Any]:
-    """One aggregator process: consume until `total` entries were taken by the group (or idle)."""
+def aggregate_child(
+    url: str, job: str, total: int, consumer: str, idle_s: float, lease: bool = True
+) -> Dict[str, Any]:
+    """One aggregator process: consume until `total` entries were taken by the group (or idle).
+    `lease` False: no leadership (alone on the job; a poll judging a 100,000-rank step outlasts the
+    10 s lease, and a leader that lost it would stand by)."""
     from argus import redisconf
     from argus.aggregator.service import Aggregator
     from argus.gctune import tune_gc
 
     tune_gc()  # as `argus aggregate` does
     client = redisconf.parse(url).client(timeout_s=10)
-    agg = Aggregator(client, Engine(), [job], consumer=consumer, count=1024)
+    agg = Aggregator(client, Engine(), [job], consumer=consumer, count=1024, lease_s=10.0 if lease else None)
     first: Optional[float] = None
     named: Optional[float] = None
     last_data = time.monotonic()
@@ -542,6 +546,7 @@ def shard_child(url: str, job: str, shard: int, shards: int, idle_s: float) -> D
             last, worked = time.monotonic(), True
         elif time.monotonic() - last > (idle_s if worked else 120.0):
             break
+    m.close()
     st = m.stats
     red = m.members[job].reducing if job in m.members else None
     return {
@@ -576,9 +581,8 @@ def sharded_replay(url: str, n: int, steps: int, tp: int, shards: int) -> Dict[s
         items = synthetic_steps(job, n, steps, straggler=_straggler(n, steps), seed=2, tp=tp)
         publish_all(client, items, maxlen=n * steps + 1000)
     r0 = _redis_cpu(client)
-    base = json.loads(
-        _spawn(["--child", url, one, str(n * steps), "one", "3"]).communicate()[0].splitlines()[-1]
-    )
+    child = ["--child", url, one, str(n * steps), "one", "3", "nolease"]
+    base = json.loads(_spawn(child).communicate()[0].splitlines()[-1])
     r1 = _redis_cpu(client)
     procs = [_spawn(["--shard-child", url, split, str(i), str(shards), "3"]) for i in range(shards)]
     members = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
@@ -815,11 +819,12 @@ def sharded_report(
     print("# one job over several aggregators (`argus aggregate --shard I/N`)\n")
     print(f"## a replay judged by one aggregator, then by {shards} members (routing, shards, reduce)\n")
     print(
-        "| ranks x steps | layout | alerts one / members | same | CPU s one | CPU s members, each "
+        "| ranks x steps | layout | summaries judged: one / members | alerts one / members | same | "
+        "CPU s one | CPU s members, each "
         "(route+shard+reduce) | rank-steps per CPU-s: one | members | ratio | Redis CPU µs/summary: one | "
         "members | peak RSS MB: one | members |"
     )
-    print("|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
     ok = True
     runs = []
     plan = ([(ranks, steps, 1), (ranks, steps, 8)] if ranks else []) + [(n, scale_steps, 1) for n in scale]
@@ -836,8 +841,10 @@ def sharded_report(
         )
         layout = "DP (its communicator cut)" if tp == 1 else "TP=8 x DP (TP whole, DP cut)"
         redis_one, redis_split = 1e6 * r["redis_one_s"] / e, 1e6 * r["redis_split_s"] / e
+        ms = r["members"]
         print(
-            f"| {n:,} x {k} | {layout} | {len(r['alerts_one'])} / {len(r['alerts_split'])} | "
+            f"| {n:,} x {k} | {layout} | {r['one']['entries']:,} / {_each([m['entries'] for m in ms])} | "
+            f"{len(r['alerts_one'])} / {len(r['alerts_split'])} | "
             f"{'yes' if same else 'NO'} | {r['one']['cpu_s']:.1f} | {parts} | {one_rate:,.0f} | "
             f"{m_rate:,.0f} | {m_rate / one_rate:.2f} | {redis_one:.1f} | {redis_split:.1f} | "
             f"{r['one']['hwm_mb']:.0f} | {_each([m['hwm_mb'] for m in r['members']])} |",
@@ -891,7 +898,8 @@ def main() -> int:
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         url, job, total, consumer, idle = sys.argv[2:7]
-        print(json.dumps(aggregate_child(url, job, int(total), consumer, float(idle))))
+        lease = sys.argv[7:8] != ["nolease"]
+        print(json.dumps(aggregate_child(url, job, int(total), consumer, float(idle), lease)))
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--engine":
         print(json.dumps(engine_only(int(sys.argv[2]), int(sys.argv[3]))))

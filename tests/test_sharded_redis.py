@@ -71,6 +71,8 @@ def test_two_members_say_what_one_aggregator_says_once(redis_client: Any, tp: in
         red = members[0].members[job].reducing if job in members[0].members else None
         if n == 0 and red is not None and red.reducer.judged == 23:
             break
+    for m in members:
+        m.close()
     plan = Plan.from_bytes(redis_client.get(k_shard_plan(job)))
     assert plan.sizes() == [128, 128] and plan.cut == tp
     assert [m.stats.by_shard for m in members] == [{0: 3072}, {1: 3072}]
@@ -166,6 +168,7 @@ def test_a_member_started_with_another_split_says_so(redis_client: Any, redis_ur
     m = Member(redis_client, 0, 2, jobs=["ns"], consumer="m0", lease_s=2.0)
     while redis_client.get(k_shard_plan("ns")) is None:
         m.poll(idle_ms=5)
+    m.close()
     res = run_argus("aggregate", "--redis", redis_url, "--job", "ns", "--shard", "0/3", "-d", "10")
     assert res.returncode == 2
     assert (
@@ -188,6 +191,7 @@ def test_the_summaries_a_dead_member_had_not_judged_are_judged_by_its_successor(
         a.poll(idle_ms=5)
         b.poll(idle_ms=5)
     a.poll(idle_ms=5)
+    a._stop.set()  # as if its process died: nothing renews its leases any more
     pending = redis_client.xpending(k_shard_steps(job, 0), "argus-aggregate")
     # (bundles of summaries: one router batch of the shard's ranks an entry)
     assert pending["pending"] >= 1 and [c["name"] for c in pending["consumers"]] == [b"m0"]
@@ -198,6 +202,7 @@ def test_the_summaries_a_dead_member_had_not_judged_are_judged_by_its_successor(
     assert b.stats.taken_over >= 16 and set(b.members[job].owners) == {0, 1}
     assert _partials(redis_client, job) == {(s, k) for s in (0, 1) for k in range(12)}
     assert _group_drained(redis_client, k_shard_steps(job, 0), "argus-aggregate")
+    b.close()
 
 
 def test_members_work_as_the_aggregator_user_of_docs_security(redis_client: Any, redis_url: str) -> None:
@@ -238,3 +243,21 @@ def test_members_work_as_the_aggregator_user_of_docs_security(redis_client: Any,
     assert redis_client.get("argus:{acl}:reducer") is None
     assert all(redis_client.get(f"argus:{{acl}}:shard:{s}:owner") is None for s in (0, 1))
     redis_client.execute_command("ACL", "DELUSER", "argus-aggregator")
+
+
+def test_a_member_busy_longer_than_its_lease_keeps_its_shard(redis_client: Any) -> None:
+    # judging one step of a 50,000-rank shard holds the loop for seconds: its leases are renewed
+    # beside it (found by benchmarks/aggregator_scale.py at 100,000 ranks: the shard was lost)
+    job = "busy"
+    publish_all(redis_client, list(synthetic_steps(job, 16, 4, seed=5)))
+    m = Member(redis_client, 0, 1, jobs=[job], consumer="m0", lease_s=1.0)
+    try:
+        while not m.members.get(job) or not m.members[job].owners or not m.members[job].reducing:
+            m.poll(idle_ms=5)
+        time.sleep(2.5)  # a loop busy for 2.5 leases
+        assert redis_client.get(f"argus:{{{job}}}:shard:0:owner") == b"m0"
+        assert redis_client.get(f"argus:{{{job}}}:reducer") == b"m0"
+        m.poll(idle_ms=5)
+        assert set(m.members[job].owners) == {0} and m.members[job].reducing is not None
+    finally:
+        m.close()

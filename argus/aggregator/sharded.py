@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
@@ -115,24 +116,28 @@ class MemberStats:
 
 
 class Lease:
-    """A key held by one member with an expiry, renewed every third of it (as `Aggregator`'s)."""
+    """A key held by one member with an expiry. Taken in the member's loop; renewed every third of
+    it by the member's renewal thread (`Member`), not by the loop: judging one step of a 50,000-rank
+    shard holds the loop for seconds, and a loop that renewed its own leases lost them then (its
+    shard taken over while it was judging it)."""
 
     def __init__(self, client: Any, key: str, holder: str, lease_s: float) -> None:
         self.r, self.key, self.holder, self.lease_s = client, key, holder, lease_s
         self.held = False
+        self.lost = False  # set by the renewal thread; said once by `tick`
         self._next = 0.0
 
     def tick(self, now: float, may_take: bool) -> str:
-        """'held', 'taken' (just now), 'lost' (just now: stalled past it) or 'no'."""
+        """'held', 'taken' (just now), 'lost' (since the last tick: not renewed in time) or 'no'."""
+        if self.lost:
+            self.lost = False
+            return "lost"
+        if self.held:
+            return "held"
         if now < self._next:
-            return "held" if self.held else "no"
+            return "no"
         self._next = now + self.lease_s / 3
         px = int(self.lease_s * 1000)
-        if self.held:
-            if self.r.eval(RENEW, 1, self.key, self.holder, px):
-                return "held"
-            self.held = False
-            return "lost"
         if may_take and self.r.set(self.key, self.holder, nx=True, px=px):
             self.held = True
             return "taken"
@@ -143,10 +148,15 @@ class Lease:
             return "taken"
         return "no"
 
+    def renew(self) -> None:
+        """The renewal thread's: extend it while it is still this member's."""
+        if self.held and not self.r.eval(RENEW, 1, self.key, self.holder, int(self.lease_s * 1000)):
+            self.held, self.lost = False, True
+
     def release(self) -> None:
         if self.held:  # PEXPIRE 0 deletes it: the aggregator's ACL has PEXPIRE, not DEL
-            self.r.eval(_DROP, 1, self.key, self.holder)
             self.held = False
+            self.r.eval(_DROP, 1, self.key, self.holder)
 
 
 def _group(client: Any, key: str, group: str) -> None:
@@ -753,11 +763,13 @@ class JobMember:
                 for a in alerts:
                     self.member.on_alert(a)
 
+    def leases(self) -> List[Lease]:
+        return [*self.shard_leases.values(), self.reduce_lease]
+
     def stop(self) -> None:
         """A clean exit: the leases go at once, so the others take over without waiting them out."""
-        for lease in self.shard_leases.values():
+        for lease in self.leases():
             lease.release()
-        self.reduce_lease.release()
 
 
 class Member:
@@ -793,6 +805,19 @@ class Member:
         self.stats = MemberStats()
         self.members: Dict[str, JobMember] = {}
         self._next_jobs = 0.0
+        self._stop = threading.Event()
+        self._renewer: Optional[threading.Thread] = None
+
+    def _renew(self) -> None:
+        """Every third of a lease, extend the leases held (see `Lease`); Redis errors are the loop's
+        to say: the next round tries again."""
+        while not self._stop.wait(self.lease_s / 3):
+            for jm in list(self.members.values()):
+                for lease in jm.leases():
+                    try:
+                        lease.renew()
+                    except Exception:  # redis errors, without importing redis at module load
+                        pass
 
     def say(self, line: str) -> None:
         if self.on_notice is not None:
@@ -810,6 +835,9 @@ class Member:
 
     def poll(self, idle_ms: int = 50) -> int:
         """One round over the jobs; sleeps `idle_ms` when there was nothing to do. Returns entries."""
+        if self._renewer is None:
+            self._renewer = threading.Thread(target=self._renew, name="argus-leases", daemon=True)
+            self._renewer.start()
         t0 = time.process_time()
         n = 0
         try:
@@ -836,9 +864,14 @@ class Member:
             while not stop() and (end is None or time.monotonic() < end):
                 self.poll()
         finally:
-            for jm in self.members.values():
-                try:
-                    jm.stop()
-                except Exception:  # exiting anyway: the leases then lapse by themselves
-                    pass
+            self.close()
         return self.stats
+
+    def close(self) -> None:
+        """Stop renewing and give the leases up (a clean exit: the others take over at once)."""
+        self._stop.set()
+        for jm in self.members.values():
+            try:
+                jm.stop()
+            except Exception:  # exiting anyway: the leases then lapse by themselves
+                pass
