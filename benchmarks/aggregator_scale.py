@@ -558,6 +558,7 @@ def shard_child(url: str, job: str, shard: int, shards: int, idle_s: float) -> D
         "cpu_route_s": st.cpu_route_s,
         "cpu_shard_s": st.cpu_shard_s,
         "cpu_reduce_s": st.cpu_reduce_s,
+        "cpu_plan_s": st.cpu_plan_s,
         "short": red.reducer.stats.short if red else 0,
         "hwm_mb": _hwm_mb(),
     }
@@ -820,9 +821,8 @@ def sharded_report(
     print(f"## a replay judged by one aggregator, then by {shards} members (routing, shards, reduce)\n")
     print(
         "| ranks x steps | layout | summaries judged: one / members | alerts one / members | same | "
-        "CPU s one | CPU s members, each "
-        "(route+shard+reduce) | rank-steps per CPU-s: one | members | ratio | Redis CPU µs/summary: one | "
-        "members | peak RSS MB: one | members |"
+        "CPU s one | CPU s members, each (route+shard+reduce+plan) | rank-steps per CPU-s: one | members | "
+        "ratio | Redis CPU µs/summary: one | members | peak RSS MB: one | members |"
     )
     print("|---|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
     ok = True
@@ -836,7 +836,8 @@ def sharded_report(
         e = r["entries"]
         one_rate, m_rate = e / r["one"]["cpu_s"], e / sum(m["cpu_s"] for m in r["members"])
         parts = " / ".join(
-            f"{m['cpu_s']:.1f} ({m['cpu_route_s']:.1f}+{m['cpu_shard_s']:.1f}+{m['cpu_reduce_s']:.1f})"
+            f"{m['cpu_s']:.1f} ({m['cpu_route_s']:.1f}+{m['cpu_shard_s']:.1f}+{m['cpu_reduce_s']:.1f}"
+            f"+{m['cpu_plan_s']:.1f})"
             for m in r["members"]
         )
         layout = "DP (its communicator cut)" if tp == 1 else "TP=8 x DP (TP whole, DP cut)"
@@ -869,8 +870,10 @@ def sharded_report(
     print(f"| one aggregator (read, decode, judge) | {one_us:.0f} | {one_redis:.1f} |")
     print(f"| member, route: read through a group, peek the rank, append bundles, ack | {route_us:.1f} | |")
     print(f"| member, judge its shard: read, decode, judge, partials | {judge_us:.0f} | |")
+    plan_s = sum(m["cpu_plan_s"] for m in ms)
     print(f"| member, reduce (per summary of the job) | {reduce_us:.1f} | |")
-    print(f"| members in all | {member_us:.0f} | {1e6 * r['redis_split_s'] / e:.1f} |")
+    print(f"| member, the plan, once per job ({r['ranks']:,} first summaries decoded) | {plan_s:.1f} s | |")
+    print(f"| members in all (the plan apart) | {member_us:.0f} | {1e6 * r['redis_split_s'] / e:.1f} |")
     print(
         "| instead of routing, every member reads the whole stream (XREAD), keeps its ranks: per member | "
         f"{f['us_client']:.1f} | {f['us_redis']:.2f} |"

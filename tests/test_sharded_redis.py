@@ -261,3 +261,22 @@ def test_a_member_busy_longer_than_its_lease_keeps_its_shard(redis_client: Any) 
         assert set(m.members[job].owners) == {0} and m.members[job].reducing is not None
     finally:
         m.close()
+
+
+def test_a_malformed_entry_is_routed_rejected_and_said(redis_client: Any) -> None:
+    job = "junk"
+    publish_all(redis_client, list(synthetic_steps(job, 16, 4, seed=6)))
+    redis_client.xadd(k_steps(job), {b"d": b"\x81\xa1v\x07"})  # another schema version
+    redis_client.xadd(k_steps(job), {b"x": b"y"})  # not a summary at all
+    said: List[str] = []
+    m = Member(redis_client, 0, 1, jobs=[job], consumer="m0", lease_s=1.0, on_notice=said.append)
+    try:
+        deadline = time.monotonic() + 20
+        while not any(x.startswith("WARNING: skipped 2 malformed entries") for x in said):
+            assert time.monotonic() < deadline, said
+            m.poll(idle_ms=20)
+        assert any(x.startswith("HINT: ") for x in said)
+        assert m.stats.routed == 16 * 4 + 2
+        assert _group_drained(redis_client, k_shard_steps(job, 0), "argus-aggregate")
+    finally:
+        m.close()

@@ -354,7 +354,7 @@ def _members(
         f"{st.routed} summaries routed, {st.entries} judged in shard(s) "
         f"{','.join(map(str, sorted(st.by_shard))) or '-'}, {st.reduced} steps reduced, "
         f"{st.published} alert transitions; {st.cpu_s:.1f} s CPU (route {st.cpu_route_s:.1f}, "
-        f"shards {st.cpu_shard_s:.1f}, reduce {st.cpu_reduce_s:.1f})",
+        f"shards {st.cpu_shard_s:.1f}, reduce {st.cpu_reduce_s:.1f}, plan {st.cpu_plan_s:.1f})",
         err=True,
     )
     return 0

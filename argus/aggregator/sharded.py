@@ -112,6 +112,7 @@ class MemberStats:
     cpu_route_s: float = 0.0
     cpu_shard_s: float = 0.0
     cpu_reduce_s: float = 0.0
+    cpu_plan_s: float = 0.0  # once per job: the partition, from the first summaries
     by_shard: Dict[int, int] = field(default_factory=dict)
 
 
@@ -300,6 +301,9 @@ class ShardOwner:
             claim_idle_ms=int(m.member.lease_s * 1000),
         )
         self.hb_cursor = "-"
+        self._next_hb = 0.0
+        self._said: Tuple[int, int] = (0, 0)
+        self._next_notice = 0.0
         # entries acknowledged once their step is judged: job step -> ids; and (id, rank, own
         # step, judged frontier when it came) of ranks not aligned yet
         self.buckets: Dict[int, List[bytes]] = {}
@@ -329,8 +333,24 @@ class ShardOwner:
     def poll(self, now: float) -> int:
         msgs = self.reader.read(block_ms=None)
         self._feed(msgs)
-        self._heartbeats()
+        if now >= self._next_hb:  # heartbeats come every 2 s per agent: once a second is enough
+            self._next_hb = now + 1.0
+            self._heartbeats()
+        self._notice(now)
         return len(msgs)
+
+    def _notice(self, now: float) -> None:
+        """Say what was skipped (malformed entries, a newer agent's fields) when it changes, at most
+        every 30 s, as one aggregator does."""
+        from argus.reader import notices
+
+        st = self.reader.stats
+        said = (st.rejected_total, len(st.ignored))
+        if said == self._said or now < self._next_notice:
+            return
+        self._said, self._next_notice = said, now + 30.0
+        for line in notices(st, self.m.job):
+            self.m.member.say(line)
 
     def _feed(self, msgs: List[Any]) -> None:
         out: List[Alert] = []
@@ -660,7 +680,7 @@ class JobMember:
             if self.reduce_lease.held:
                 t0 = time.process_time()
                 self._make_plan(now)
-                self.member.stats.cpu_reduce_s += time.process_time() - t0
+                self.member.stats.cpu_plan_s += time.process_time() - t0
             self.plan = self._load_plan(now)
             if self.plan is None:
                 return 0
