@@ -23,6 +23,16 @@
    = 5,000 summaries/s.
 
     .venv/bin/python -m benchmarks.aggregator_scale --soak 600 [--soak-ranks 10000] [--step-s 2.0]
+
+5. One job over several aggregators (issue 16, item 0), `--sharded`: the same replay judged by one
+   aggregator, then by `--shards` members (`argus.aggregator.sharded.Member`, one process each):
+   alerts compared, CPU by role (route, shard, reduce, plan), Redis CPU per summary, peak RSS;
+   every member reading the whole stream instead of routing, timed on the same stream; the CPU
+   a 100,000-rank job at one step a second needs, and so N; then live, the real `argus aggregate`
+   (baseline), `--shard 0/1` and N x `--shard I/N` at `--shard-live-ranks` summaries a second.
+
+    .venv/bin/python -m benchmarks.aggregator_scale --sharded [--shards 2] [--shard-ranks 1024]
+        [--shard-scale 16384] [--shard-scale-steps 8] [--shard-live-ranks 2048] [--shard-live-s 40]
 """
 
 from __future__ import annotations
