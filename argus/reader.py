@@ -127,10 +127,11 @@ class Reader:
         claim_idle_ms: int = 30_000,
         claim_every_s: float = 5.0,
         dedup_window: int = 200_000,
+        key: Optional[str] = None,
     ) -> None:
         self.r, self.job, self.group = client, job, group
         self.consumer = consumer or f"{socket.gethostname()}:{os.getpid()}"
-        self.key = k_steps(job)
+        self.key = key or k_steps(job)  # another stream of the job's summaries: a shard's
         self.count, self.claim_idle_ms, self.claim_every_s = count, claim_idle_ms, claim_every_s
         self.stats = ReaderStats()
         self.names: Dict[int, str] = {}

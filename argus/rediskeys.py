@@ -45,6 +45,38 @@ def k_leader(job: str) -> str:
     return f"argus:{{{job}}}:leader"  # string with a TTL: the aggregator leading the job
 
 
+# ---- one job over several aggregators (argus.aggregator.sharded) ---------------------------------------
+# Under the job's hash tag like every other key of it: a job stays on one Redis Cluster slot.
+
+
+def k_shard_plan(job: str) -> str:
+    return f"argus:{{{job}}}:shardplan"  # string: the job's partition of ranks into shards (set once)
+
+
+def k_shard_extra(job: str) -> str:
+    return f"argus:{{{job}}}:shardextra"  # hash: rank -> shard, for ranks the plan did not know
+
+
+def k_shard_steps(job: str, shard: int) -> str:
+    return f"argus:{{{job}}}:shard:{shard}:steps"  # stream: the job's summaries of one shard's ranks
+
+
+def k_shard_hb(job: str, shard: int) -> str:
+    return f"argus:{{{job}}}:shard:{shard}:hb"  # stream: heartbeats of agents with ranks in the shard
+
+
+def k_shard_owner(job: str, shard: int) -> str:
+    return f"argus:{{{job}}}:shard:{shard}:owner"  # string with a TTL: the member judging the shard
+
+
+def k_reduce(job: str) -> str:
+    return f"argus:{{{job}}}:reduce"  # stream: per-step partials of the shards, for the reducer
+
+
+def k_reducer(job: str) -> str:
+    return f"argus:{{{job}}}:reducer"  # string with a TTL: the member reducing the job
+
+
 def list_jobs(client: Any) -> List[str]:
     """The job ids in Redis, sorted."""
     return sorted(

@@ -84,6 +84,8 @@ def synthetic_steps(
     start_ns: Optional[int] = None,
     jitter_us: float = 20.0,
     first_step: int = 0,
+    tp: int = 1,
+    tp_collectives: int = 8,
 ) -> Iterator[RankStep]:
     """RankSteps of a synchronous data-parallel job, step by step (all ranks of step s, then s+1).
 
@@ -91,12 +93,19 @@ def synthetic_steps(
     `collectives` all-reduces issued during backward (arrival jitter ~`jitter_us`), GPU timers
     (forward, backward, optimizer, comm stream), host wait. A straggler's compute is `factor`
     slower from `from_step` on: it arrives late at every all-reduce, and every rank's step is as
-    long as the straggler's (they wait for it in the final sync); with `to_step` it recovers there."""
-    if ranks < 1 or steps < 0:
-        raise ValueError("ranks must be >= 1 and steps >= 0")
+    long as the straggler's (they wait for it in the final sync); with `to_step` it recovers there.
+
+    `tp` > 1: tensor parallelism too, the layout of a TP x DP job: ranks tp·k … tp·k + tp − 1 share
+    a TP communicator (`tp_collectives` all-reduces in forward and backward), and the ranks with
+    the same r mod tp one DP communicator (stride tp) instead of all ranks sharing one."""
+    if ranks < 1 or steps < 0 or tp < 1 or ranks % tp:
+        raise ValueError("ranks must be >= 1, steps >= 0, tp >= 1 and divide ranks")
     rng = random.Random(seed)
     pool = _variants(rng, 32, collectives, 2_000.0, 0.25)
     comm = f"{zlib.crc32(job.encode()):08x}{zlib.crc32(b'dp' + job.encode()):08x}"
+    # with tp: one DP communicator per TP position, one TP communicator per TP group
+    dp_comms = [comm[:8] + f"{zlib.crc32(b'dp' + job.encode()) ^ i:08x}" for i in range(tp)]
+    tp_comms = [comm[:8] + f"{zlib.crc32(f'tp{g}'.encode() + job.encode()):08x}" for g in range(ranks // tp)]
     kernels = {name: FIXED.get(i, per * layers) for i, (name, per) in enumerate(KERNELS)}
     launches = sum(kernels.values())
     step_ns = step_ms * 1e6
@@ -120,9 +129,9 @@ def synthetic_steps(
                 for k in range(collectives)
             ]
             c = CommStep(
-                comm,
-                ranks,
-                r,
+                dp_comms[r % tp],
+                ranks // tp,
+                r // tp,
                 "init",
                 seqs=list(range(s * collectives, (s + 1) * collectives)),
                 ops=["AllReduce"] * collectives,
@@ -130,6 +139,25 @@ def synthetic_steps(
                 arrive_ns=arrive,
                 host_ns=list(host_ns),
             )
+            comms = {c.comm: c}
+            if tp > 1:
+                k = tp_collectives
+                t_arrive = [
+                    start + int(data + (j + 1) / k * (fwd + bwd) + abs(rng.gauss(0.0, jitter_us * 1e3)))
+                    for j in range(k)
+                ]
+                tc = CommStep(
+                    tp_comms[r // tp],
+                    tp,
+                    r % tp,
+                    "init",
+                    seqs=list(range(s * k, (s + 1) * k)),
+                    ops=["AllReduce"] * k,
+                    nbytes=[8_388_608] * k,
+                    arrive_ns=t_arrive,
+                    host_ns=list(host_ns[:k]),
+                )
+                comms[tc.comm] = tc
             wait = max(0, duration - int(data) - int(0.04 * step_ns))
             yield RankStep(
                 job=job,
@@ -156,7 +184,7 @@ def synthetic_steps(
                 launches=launches,
                 kernels=dict(kernels),
                 memcpy={"HtoD": (1, 8 << 20), "DtoH": (1, 4)},
-                comms={comm: c},
+                comms=comms,
             )
         t += duration + 100_000
 

@@ -23,6 +23,16 @@
    = 5,000 summaries/s.
 
     .venv/bin/python -m benchmarks.aggregator_scale --soak 600 [--soak-ranks 10000] [--step-s 2.0]
+
+5. One job over several aggregators (issue 16, item 0), `--sharded`: the same replay judged by one
+   aggregator, then by `--shards` members (`argus.aggregator.sharded.Member`, one process each):
+   alerts compared, CPU by role (route, shard, reduce, plan), Redis CPU per summary, peak RSS;
+   every member reading the whole stream instead of routing, timed on the same stream; the CPU
+   a 100,000-rank job at one step a second needs, and so N; then live, the real `argus aggregate`
+   (baseline), `--shard 0/1` and N x `--shard I/N` at `--shard-live-ranks` summaries a second.
+
+    .venv/bin/python -m benchmarks.aggregator_scale --sharded [--shards 2] [--shard-ranks 1024]
+        [--shard-scale 16384] [--shard-scale-steps 8] [--shard-live-ranks 2048] [--shard-live-s 40]
 """
 
 from __future__ import annotations
@@ -116,15 +126,19 @@ def start_redis() -> tuple:
     return p, f"redis://127.0.0.1:{port}/0"
 
 
-def aggregate_child(url: str, job: str, total: int, consumer: str, idle_s: float) -> Dict[str, Any]:
-    """One aggregator process: consume until `total` entries were taken by the group (or idle)."""
+def aggregate_child(
+    url: str, job: str, total: int, consumer: str, idle_s: float, lease: bool = True
+) -> Dict[str, Any]:
+    """One aggregator process: consume until `total` entries were taken by the group (or idle).
+    `lease` False: no leadership (alone on the job; a poll judging a 100,000-rank step outlasts the
+    10 s lease, and a leader that lost it would stand by)."""
     from argus import redisconf
     from argus.aggregator.service import Aggregator
     from argus.gctune import tune_gc
 
     tune_gc()  # as `argus aggregate` does
     client = redisconf.parse(url).client(timeout_s=10)
-    agg = Aggregator(client, Engine(), [job], consumer=consumer, count=1024)
+    agg = Aggregator(client, Engine(), [job], consumer=consumer, count=1024, lease_s=10.0 if lease else None)
     first: Optional[float] = None
     named: Optional[float] = None
     last_data = time.monotonic()
@@ -145,6 +159,7 @@ def aggregate_child(url: str, job: str, total: int, consumer: str, idle_s: float
         "wall_s": last_data - (first or last_data),
         "named_at_unix": named,
         "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "hwm_mb": _hwm_mb(),
     }
 
 
@@ -507,10 +522,397 @@ def soak_verdict(r: SoakResult) -> List[str]:
     return out
 
 
+# ---- one job over several aggregators (argus aggregate --shard I/N, issue 16 item 0) -------------------
+
+
+def _redis_cpu(client: Any) -> float:
+    """CPU seconds the redis-server has used (it is single-threaded: one job's keys are one master's)."""
+    c = client.info("cpu")
+    return float(c["used_cpu_user"]) + float(c["used_cpu_sys"])
+
+
+def _hwm_mb() -> float:
+    """This process's peak RSS since its exec (ru_maxrss would include the parent's at the fork)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def shard_child(url: str, job: str, shard: int, shards: int, idle_s: float) -> Dict[str, Any]:
+    """One `--shard I/N` member (argus.aggregator.sharded.Member) until it had nothing to do for
+    `idle_s` after having worked: its CPU by role, what it routed and judged, its peak RSS."""
+    from argus import redisconf
+    from argus.aggregator.sharded import Member
+    from argus.gctune import tune_gc
+
+    tune_gc()  # as `argus aggregate` does
+    client = redisconf.parse(url).client(timeout_s=10)
+    m = Member(client, shard, shards, jobs=[job], consumer=f"m{shard}", lease_s=5.0)
+    last = time.monotonic()
+    worked = False
+    while True:
+        if m.poll(idle_ms=20):
+            last, worked = time.monotonic(), True
+        elif time.monotonic() - last > (idle_s if worked else 120.0):
+            break
+    m.close()
+    st = m.stats
+    red = m.members[job].reducing if job in m.members else None
+    return {
+        "shard": shard,
+        "routed": st.routed,
+        "entries": st.entries,
+        "reduced": st.reduced,
+        "cpu_s": st.cpu_s,
+        "cpu_route_s": st.cpu_route_s,
+        "cpu_shard_s": st.cpu_shard_s,
+        "cpu_reduce_s": st.cpu_reduce_s,
+        "cpu_plan_s": st.cpu_plan_s,
+        "short": red.reducer.stats.short if red else 0,
+        "hwm_mb": _hwm_mb(),
+    }
+
+
+def _alert_set(client: Any, job: str) -> List[Tuple[str, Tuple[int, ...], str]]:
+    from argus.aggregator.service import current
+
+    return sorted((a.kind, tuple(a.ranks), a.state) for a in current(client, job))
+
+
+def sharded_replay(url: str, n: int, steps: int, tp: int, shards: int) -> Dict[str, Any]:
+    """The same replay (`n` ranks, `tp`, a 1.3x straggler from the middle step) judged by one
+    aggregator, then by `shards` members, on an otherwise idle Redis: alerts, CPU, Redis CPU, RSS."""
+    from argus import redisconf
+    from argus.replay import publish_all
+
+    client = redisconf.parse(url).client(timeout_s=30)
+    one, split = f"eq-one-{n}-{tp}", f"eq-sh-{n}-{tp}-{shards}"
+    for job in (one, split):  # generated twice rather than held: this process's RSS stays small
+        items = synthetic_steps(job, n, steps, straggler=_straggler(n, steps), seed=2, tp=tp)
+        publish_all(client, items, maxlen=n * steps + 1000)
+    r0 = _redis_cpu(client)
+    child = ["--child", url, one, str(n * steps), "one", "3", "nolease"]
+    base = json.loads(_spawn(child).communicate()[0].splitlines()[-1])
+    r1 = _redis_cpu(client)
+    procs = [_spawn(["--shard-child", url, split, str(i), str(shards), "3"]) for i in range(shards)]
+    members = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+    r2 = _redis_cpu(client)
+    a_one, a_split = _alert_set(client, one), _alert_set(client, split)
+    filt = filter_cost(url, one, shards)  # the job's stream read whole again, as each member would
+    client.delete(f"argus:{{{one}}}:steps", f"argus:{{{split}}}:steps")
+    for i in range(shards):
+        client.delete(f"argus:{{{split}}}:shard:{i}:steps")
+    return {
+        "ranks": n,
+        "tp": tp,
+        "entries": n * steps,
+        "one": base,
+        "members": members,
+        "redis_one_s": r1 - r0,
+        "redis_split_s": r2 - r1,
+        "alerts_one": a_one,
+        "alerts_split": a_split,
+        "filter": filt,
+    }
+
+
+def filter_cost(url: str, job: str, shards: int) -> Dict[str, float]:
+    """The alternative to routing: every aggregator reads the whole job stream (XREAD) and keeps the
+    entries of its ranks (the rank peeked, as the router does). Per entry: this reader's CPU and
+    Redis's CPU; each of the N aggregators would pay them for every entry of the job."""
+    from argus import redisconf
+    from argus.aggregator.sharded import peek_rank
+    from argus.rediskeys import k_steps
+
+    client = redisconf.parse(url).client(timeout_s=30)
+    cursor, n, kept = "0", 0, 0
+    r0, t0 = _redis_cpu(client), time.process_time()
+    while True:
+        got = client.xread({k_steps(job): cursor}, count=1024)
+        if not got:
+            break
+        for eid, fields in got[0][1]:
+            cursor = eid
+            r = peek_rank(fields.get(b"d"))
+            n += 1
+            kept += int(r is not None and r % shards == 0)
+    cpu, red = time.process_time() - t0, _redis_cpu(client) - r0
+    return {"entries": n, "kept": kept, "us_client": 1e6 * cpu / max(n, 1), "us_redis": 1e6 * red / max(n, 1)}
+
+
+def _lag(client: Any, key: str, group: str) -> Tuple[int, int]:
+    """(lag, pending) of a consumer group on a stream (lag: entries not yet delivered)."""
+    try:
+        groups = client.xinfo_groups(key)
+    except Exception:  # no stream yet
+        return 0, 0
+    for g in groups:
+        name = g.get("name")
+        if (name.decode() if isinstance(name, bytes) else name) == group:
+            lag = g.get("lag")
+            if lag is None:
+                lag = int(client.xinfo_stream(key).get("entries-added") or 0) - int(
+                    g.get("entries-read") or 0
+                )
+            return int(lag), int(g.get("pending") or 0)
+    return client.xlen(key), 0
+
+
+@dataclass
+class LiveRun:
+    label: str
+    procs: int
+    cpu_pct: List[float] = field(default_factory=list)  # per process, over the run
+    rss_mb: List[float] = field(default_factory=list)  # per process, peak
+    judged: List[int] = field(default_factory=list)  # summaries each judged
+    cpu_s: List[float] = field(default_factory=list)
+    max_lag: int = 0  # summaries published and not yet delivered to whoever judges them
+    max_pending: int = 0  # delivered, not yet acknowledged (entries: bundles, for members)
+    named_s: Optional[float] = None  # straggler alert after its first slow step was published
+    alerts: List[Tuple[str, Tuple[int, ...], str]] = field(default_factory=list)
+    published: int = 0
+    rate: float = 0.0
+    drained_s: Optional[float] = None
+
+
+def live_pipeline(url: str, ranks: int, duration_s: float, shards: int, label: str) -> LiveRun:
+    """`argus aggregate` (shards 0: one plain aggregator; else `--shard I/N` members) as users run
+    it, while this process publishes `ranks` summaries per second (one job step a second)."""
+    import re
+
+    from argus import redisconf
+    from argus.aggregator.service import history
+    from argus.rediskeys import k_reduce, k_shard_steps, k_steps
+    from argus.replay import publish_all
+
+    job = f"live-{shards}"
+    client = redisconf.parse(url).client(timeout_s=30)
+    base = [sys.executable, "-m", "argus", "aggregate", "--redis", url, "--job", job, "-q"]
+    cmds = (
+        [base]
+        if shards == 0
+        else [[*base, "--shard", f"{i}/{shards}", "--lease", "5"] for i in range(shards)]
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    procs = [
+        subprocess.Popen(
+            c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=str(REPO), env=env
+        )
+        for c in cmds
+    ]
+    time.sleep(2.0)
+    steps = max(4, int(duration_s))
+    st = Straggler(rank=ranks // 3, factor=FACTOR, from_step=int(steps * 0.4))
+    run = LiveRun(label, len(procs))
+    t_onset: Dict[str, float] = {}
+
+    def paced() -> Any:
+        for rs in synthetic_steps(
+            job, ranks, steps, straggler=st, seed=7, step_ms=1000.0, start_ns=time.time_ns()
+        ):
+            if rs.step == st.from_step and rs.rank == 0:
+                t_onset["t"] = time.time()
+            yield rs
+
+    done = threading.Event()
+    res: Dict[str, Any] = {}
+    client_pub = redisconf.parse(url).client(timeout_s=30)
+
+    def publish() -> None:
+        res["stats"] = publish_all(client_pub, paced(), rate=float(ranks), maxlen=ranks * steps + 1000)
+        done.set()
+
+    def backlog() -> Tuple[int, int]:
+        if shards == 0:
+            return _lag(client, k_steps(job), "argus-aggregate")
+        lag, pend = _lag(client, k_steps(job), "argus-aggregate:route")
+        for i in range(shards):  # bundles not yet read: count their summaries
+            a, b = _lag(client, k_shard_steps(job, i), "argus-aggregate")
+            if a:
+                for _eid, f in client.xrevrange(k_shard_steps(job, i), count=a):
+                    lag += len(msgpack.unpackb(f[b"b"]))
+            pend += b
+        return lag, pend
+
+    import msgpack
+
+    cpu0 = [_proc_cpu_s(p.pid) for p in procs]
+    rss = [0.0] * len(procs)
+    t0 = time.monotonic()
+    threading.Thread(target=publish, daemon=True).start()
+    while not done.wait(2.0):
+        for i, p in enumerate(procs):
+            rss[i] = max(rss[i], _proc_rss_mb(p.pid))
+        lag, pend = backlog()
+        run.max_lag, run.max_pending = max(run.max_lag, lag), max(run.max_pending, pend)
+    t_end = time.monotonic()
+    while time.monotonic() - t_end < 30:
+        lag, _pend = backlog()
+        if lag == 0:
+            run.drained_s = time.monotonic() - t_end
+            break
+        time.sleep(0.2)
+    time.sleep(3.0)  # the last steps judged and reduced
+    wall = time.monotonic() - t0
+    for i, p in enumerate(procs):
+        rss[i] = max(rss[i], _proc_rss_mb(p.pid))
+        cpu = _proc_cpu_s(p.pid) - cpu0[i]
+        run.cpu_s.append(cpu)
+        run.cpu_pct.append(100 * cpu / wall)
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        err = p.communicate(timeout=60)[1]
+        last = next((x for x in reversed(err.splitlines()) if "summaries" in x), "")
+        m = re.search(r"(\d+) judged", last) if shards else re.match(r"(\d+) summaries", last)
+        run.judged.append(int(m.group(1)) if m else 0)
+    run.rss_mb = rss
+    run.published = res["stats"].entries
+    run.rate = run.published / (t_end - t0)
+    for eid, a in history(client, job):
+        if a.state == "firing" and a.kind == "straggler" and st.rank in a.ranks and run.named_s is None:
+            run.named_s = int(eid.decode().split("-")[0]) / 1000 - t_onset.get("t", 0.0)
+    run.alerts = _alert_set(client, job)
+    client.delete(k_steps(job), k_reduce(job), *[k_shard_steps(job, i) for i in range(max(shards, 1))])
+    return run
+
+
+def _each(xs: List[float], fmt: str = "{:,.0f}") -> str:
+    return " / ".join(fmt.format(x) for x in xs)
+
+
+def sharded_live_report(url: str, ranks: int, duration_s: float, shards: int) -> bool:
+    print(
+        f"\n## live: {ranks:,} ranks at 1 step/s for {duration_s:.0f} s, as users run it "
+        f"(`argus aggregate`, then `--shard 0/1`, then {shards} x `--shard I/{shards}`)\n"
+    )
+    print(
+        "| run | processes | summaries/s published | summaries judged (each) | CPU % of a core (each) | "
+        "judged per CPU-s (each) | peak RSS MB (each) | max backlog, summaries (s of job time) | "
+        "max pending entries | straggler named after s | alerts as the baseline's |"
+    )
+    print("|---|---:|---:|---|---|---|---|---:|---:|---:|---|")
+    runs = []
+    for k, label in (
+        (0, "one aggregator (baseline)"),
+        (1, "`--shard 0/1`"),
+        (shards, f"`--shard I/{shards}`"),
+    ):
+        r = live_pipeline(url, ranks, duration_s, k, label)
+        runs.append(r)
+        same = "yes" if r.alerts == runs[0].alerts else "NO"
+        named = f"{r.named_s:.1f}" if r.named_s is not None else "not named"
+        print(
+            f"| {r.label} | {r.procs} | {r.rate:,.0f} | {_each(r.judged)} | {_each(r.cpu_pct)} | "
+            f"{_each([j / max(c, 1e-9) for j, c in zip(r.judged, r.cpu_s)])} | {_each(r.rss_mb)} | "
+            f"{r.max_lag:,} ({r.max_lag / ranks:.2f} s) | {r.max_pending:,} | {named} | {same} |",
+            flush=True,
+        )
+    base = runs[0]
+    for r in runs[1:]:
+        print(
+            f"\n{r.label}: CPU in all {sum(r.cpu_s) / max(sum(base.cpu_s), 1e-9):.2f}x the baseline's; "
+            f"busiest process {max(r.cpu_pct) / max(max(base.cpu_pct), 1e-9):.2f}x the baseline's"
+        )
+    return all(r.alerts == base.alerts for r in runs)
+
+
+def sharded_report(
+    url: str,
+    ranks: int,
+    steps: int,
+    scale: List[int],
+    scale_steps: int,
+    shards: int,
+    live_ranks: int,
+    live_s: float,
+) -> int:
+    print("# one job over several aggregators (`argus aggregate --shard I/N`)\n")
+    print(f"## a replay judged by one aggregator, then by {shards} members (routing, shards, reduce)\n")
+    print(
+        "| ranks x steps | layout | summaries judged: one / members | alerts one / members | same | "
+        "CPU s one | CPU s members, each (route+shard+reduce+plan) | rank-steps per CPU-s: one | members | "
+        "ratio | Redis CPU µs/summary: one | members | peak RSS MB: one | members |"
+    )
+    print("|---|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
+    ok = True
+    runs = []
+    plan = ([(ranks, steps, 1), (ranks, steps, 8)] if ranks else []) + [(n, scale_steps, 1) for n in scale]
+    for n, k, tp in plan:
+        r = sharded_replay(url, n, k, tp, shards)
+        runs.append(r)
+        same = r["alerts_one"] == r["alerts_split"]
+        ok = ok and same
+        e = r["entries"]
+        one_rate, m_rate = e / r["one"]["cpu_s"], e / sum(m["cpu_s"] for m in r["members"])
+        parts = " / ".join(
+            f"{m['cpu_s']:.1f} ({m['cpu_route_s']:.1f}+{m['cpu_shard_s']:.1f}+{m['cpu_reduce_s']:.1f}"
+            f"+{m['cpu_plan_s']:.1f})"
+            for m in r["members"]
+        )
+        layout = "DP (its communicator cut)" if tp == 1 else "TP=8 x DP (TP whole, DP cut)"
+        redis_one, redis_split = 1e6 * r["redis_one_s"] / e, 1e6 * r["redis_split_s"] / e
+        ms = r["members"]
+        print(
+            f"| {n:,} x {k} | {layout} | {r['one']['entries']:,} / {_each([m['entries'] for m in ms])} | "
+            f"{len(r['alerts_one'])} / {len(r['alerts_split'])} | "
+            f"{'yes' if same else 'NO'} | {r['one']['cpu_s']:.1f} | {parts} | {one_rate:,.0f} | "
+            f"{m_rate:,.0f} | {m_rate / one_rate:.2f} | {redis_one:.1f} | {redis_split:.1f} | "
+            f"{r['one']['hwm_mb']:.0f} | {_each([m['hwm_mb'] for m in r['members']])} |",
+            flush=True,
+        )
+        if not same:
+            print(f"\nDIFFER: one {r['alerts_one'][:6]} / members {r['alerts_split'][:6]}\n")
+    r = runs[-1]  # the largest data-parallel replay: shards of its size cost what they will
+    e = r["entries"]
+    ms = r["members"]
+    route_us = 1e6 * sum(m["cpu_route_s"] for m in ms) / max(sum(m["routed"] for m in ms), 1)
+    judge_us = 1e6 * sum(m["cpu_shard_s"] for m in ms) / max(sum(m["entries"] for m in ms), 1)
+    reduce_us = 1e6 * sum(m["cpu_reduce_s"] for m in ms) / e
+    member_us = route_us + judge_us + reduce_us
+    f = r["filter"]
+    print(
+        f"\n## per summary ({r['ranks']:,} ranks, {r['ranks'] // shards:,} a shard), and instead of routing\n"
+    )
+    print("| path | client CPU µs/summary | Redis CPU µs/summary |")
+    print("|---|---:|---:|")
+    one_us, one_redis = 1e6 * r["one"]["cpu_s"] / e, 1e6 * r["redis_one_s"] / e
+    print(f"| one aggregator (read, decode, judge) | {one_us:.0f} | {one_redis:.1f} |")
+    print(f"| member, route: read through a group, peek the rank, append bundles, ack | {route_us:.1f} | |")
+    print(f"| member, judge its shard: read, decode, judge, partials | {judge_us:.0f} | |")
+    plan_s = sum(m["cpu_plan_s"] for m in ms)
+    print(f"| member, reduce (per summary of the job) | {reduce_us:.1f} | |")
+    print(f"| member, the plan, once per job ({r['ranks']:,} first summaries decoded) | {plan_s:.1f} s | |")
+    print(f"| members in all (the plan apart) | {member_us:.0f} | {1e6 * r['redis_split_s'] / e:.1f} |")
+    print(
+        "| instead of routing, every member reads the whole stream (XREAD), keeps its ranks: per member | "
+        f"{f['us_client']:.1f} | {f['us_redis']:.2f} |"
+    )
+    rate = 100_000
+    need = -(-rate * member_us // 800_000)  # members at 80% of a core each
+    filt = rate * (need * f["us_client"] + judge_us + reduce_us) / 1e6
+    print(
+        f"\n100,000 ranks at 1 step/s = 100,000 summaries/s: {rate * member_us / 1e6:.1f} cores of members "
+        f"-> N = {need:.0f} at 80% of a core each (route {rate * route_us / 1e6:.1f}, judge "
+        f"{rate * judge_us / 1e6:.1f}, reduce {rate * reduce_us / 1e6:.1f}); the aggregators' side of Redis "
+        f"{rate * r['redis_split_s'] / e:.2f} s of CPU a second on the job's master, beside the agents' "
+        f"XADDs. Each of the N members reading the whole stream instead: {filt:.1f} cores, "
+        f"{need * rate * f['us_redis'] / 1e6:.2f} s/s of Redis for the reads alone."
+    )
+    if live_ranks:
+        ok = sharded_live_report(url, live_ranks, live_s, shards) and ok
+    return 0 if ok else 1
+
+
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--shard-child":
+        url, job, shard, shards, idle = sys.argv[2:7]
+        print(json.dumps(shard_child(url, job, int(shard), int(shards), float(idle))))
+        return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         url, job, total, consumer, idle = sys.argv[2:7]
-        print(json.dumps(aggregate_child(url, job, int(total), consumer, float(idle))))
+        lease = sys.argv[7:8] != ["nolease"]
+        print(json.dumps(aggregate_child(url, job, int(total), consumer, float(idle), lease)))
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--engine":
         print(json.dumps(engine_only(int(sys.argv[2]), int(sys.argv[3]))))
@@ -523,7 +925,36 @@ def main() -> int:
     ap.add_argument("--soak", type=float, metavar="SECONDS", help="Only the soak, for this long.")
     ap.add_argument("--soak-ranks", type=int, default=10_000)
     ap.add_argument("--step-s", type=float, default=2.0, help="Soak: one job step every this many seconds.")
+    ap.add_argument("--sharded", action="store_true", help="Only one job over several aggregators (--shard).")
+    ap.add_argument("--shards", type=int, default=2, help="With --sharded: members.")
+    ap.add_argument(
+        "--shard-ranks", type=int, default=1024, help="With --sharded: ranks of the replays (0: none)."
+    )
+    ap.add_argument("--shard-scale", default="16384", help="With --sharded: larger DP replays (ranks, ...).")
+    ap.add_argument("--shard-scale-steps", type=int, default=8, help="With --sharded: their steps.")
+    ap.add_argument(
+        "--shard-live-ranks", type=int, default=2048, help="With --sharded: ranks live (0: none)."
+    )
+    ap.add_argument(
+        "--shard-live-s", type=float, default=40.0, help="With --sharded: seconds of each live run."
+    )
     args = ap.parse_args()
+    if args.sharded:
+        proc, url = start_redis()
+        try:
+            scale = [int(x) for x in args.shard_scale.split(",") if x.strip()]
+            return sharded_report(
+                url,
+                args.shard_ranks,
+                args.steps,
+                scale,
+                args.shard_scale_steps,
+                args.shards,
+                args.shard_live_ranks,
+                args.shard_live_s,
+            )
+        finally:
+            proc.terminate()
     if args.soak:
         proc, url = start_redis()
         try:

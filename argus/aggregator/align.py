@@ -286,6 +286,7 @@ class JobAlign:
         self.newest = 0  # the newest step end seen (the job's clock)
         self.top = -1  # highest job step of an aligned summary
         self.world = -1  # world size the ranks report (-1: unknown)
+        self.scope = -1  # a shard's ranks (argus.aggregator.sharded): the world it waits for
         self.outbox: List[RankStep] = []
         self.comms = CommMatcher()
         self.stats = AlignStats()
@@ -317,7 +318,7 @@ class JobAlign:
                 self._try_align(ra)
             else:
                 self.outbox.append(self._rewrite(ra, rs))
-        self.world = max(self.world, rs.world_size)
+        self.world = self.scope if self.scope > 0 else max(self.world, rs.world_size)
         return out if self._holding() else self._release()
 
     def flush(self) -> List[RankStep]:

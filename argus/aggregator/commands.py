@@ -193,6 +193,14 @@ def _client(url: str) -> object:
     help="One aggregator leads each job; others stand by and take over (with its pending summaries) "
     "this long after the leader stops renewing. 0: no leader, aggregators split each job's summaries.",
 )
+@click.option(
+    "--shard",
+    metavar="I/N",
+    default=None,
+    help="Split each job over N aggregators started alike with I = 0 .. N-1 (one job too large for "
+    "one): they route its summaries by rank, each judges one shard, one of them the whole job's step "
+    "time; a member that dies is taken over after --lease.",
+)
 @click.option("-d", "--duration", type=float, default=None, metavar="SECONDS", help="Stop after this long.")
 @click.option("--phases", metavar="NAMES", help="Names of timer0, timer1, ... for alert texts.")
 @click.option("--comm-phases", metavar="LIST", help="Phases that time communication (default: from streams).")
@@ -206,6 +214,7 @@ def aggregate_cmd(
     group: str,
     consumer: Optional[str],
     lease: float,
+    shard: Optional[str],
     duration: Optional[float],
     phases: Optional[str],
     comm_phases: Optional[str],
@@ -220,11 +229,18 @@ def aggregate_cmd(
     (stream and pub/sub channel) and the current state to argus:{JOB}:alert_state. Credentials:
     ARGUS_REDIS_PASSWORD(_FILE), never in the URL.
 
+    A job too large for one aggregator (one does ~10,000 summaries/s: docs/benchmarks.md) is split
+    with --shard I/N over N aggregators started alike: ranks go to shards by host and
+    communicator (docs/architecture.md, "One job over several aggregators"), each member judges
+    one shard, one of them the whole job's step time and hangs; when one dies another takes its
+    shard over, with the summaries it had not judged, after --lease.
+
     \b
     Examples:
       argus aggregate --redis redis://127.0.0.1:6379/0
       argus aggregate --redis redis://127.0.0.1:6379/0 --consumer standby-1   # a second one, on standby
       argus aggregate --redis redis://10.0.0.5:6379/0 --job run-42 --phases fwd,bwd,opt,grad_sync
+      argus aggregate --redis redis://10.0.0.5:6379/0 --job big-1 --shard 0/4   # one of four, then 1/4 ...
     """
     import signal
 
@@ -236,13 +252,29 @@ def aggregate_cmd(
         th = Thresholds.from_pairs(list(sets))
     except ValueError as e:
         raise UsageError(str(e), "see docs/diagnosis.md for the thresholds") from None
-    engine = Engine(th, PhaseInfo.parse(phases, comm_phases))
+    info = PhaseInfo.parse(phases, comm_phases)
+    engine = Engine(th, info)
+    split = None
+    if shard is not None:
+        from argus.aggregator.partition import parse_shard
+
+        split = parse_shard(shard)
+        if lease <= 0:
+            raise UsageError(
+                "--shard needs a lease (--lease > 0): the members take a dead one's shard over by it",
+                "e.g. --shard 0/2 --lease 10",
+            )
 
     def show(a: object) -> None:
         if not quiet:
             click.echo(  # the job too: one aggregator serves every job in argus:jobs by default
                 f"{a.state.upper():8} {a.kind:18} job {a.job} ranks {a.ranks} steps {a.steps}: {a.summary}"  # type: ignore[attr-defined]
             )
+
+    if split is not None:
+        return _members(
+            redis_url, split, th, info, list(jobs) or None, group, consumer, lease, duration, show
+        )
 
     agg = Aggregator(
         _client(redis_url),
@@ -270,6 +302,59 @@ def aggregate_cmd(
         f"{st.entries} summaries, {st.heartbeats} heartbeats, {st.published} alert transitions; "
         f"{agg.engine.stats.late_dropped} summaries came after their step was judged (left out); "
         f"{st.cpu_s:.1f} s CPU ({st.entries / st.cpu_s if st.cpu_s else 0:.0f} summaries/s)",
+        err=True,
+    )
+    return 0
+
+
+def _members(
+    redis_url: str,
+    split: Tuple[int, int],
+    th: Thresholds,
+    info: PhaseInfo,
+    jobs: Optional[List[str]],
+    group: str,
+    consumer: Optional[str],
+    lease: float,
+    duration: Optional[float],
+    show: Any,
+) -> int:
+    """`argus aggregate --shard I/N`: member I of N (argus.aggregator.sharded)."""
+    import signal
+
+    from argus.aggregator.sharded import Member
+
+    i, n = split
+    member = Member(
+        _client(redis_url),
+        i,
+        n,
+        th,
+        info,
+        jobs,
+        group,
+        consumer,
+        lease_s=lease,
+        on_alert=show,
+        on_notice=lambda line: click.echo(line, err=True),
+    )
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    click.echo(
+        f"Aggregating {', '.join(jobs) if jobs else 'every job in argus:jobs'} as member {i} of {n} "
+        f"(consumer {member.consumer}). Hit Ctrl-C to end.",
+        err=True,
+    )
+    try:
+        with _redis_errors(redis_url):
+            st = member.run(duration, lambda: stop["now"])
+    except KeyboardInterrupt:
+        st = member.stats
+    click.echo(
+        f"{st.routed} summaries routed, {st.entries} judged in shard(s) "
+        f"{','.join(map(str, sorted(st.by_shard))) or '-'}, {st.reduced} steps reduced, "
+        f"{st.published} alert transitions; {st.cpu_s:.1f} s CPU (route {st.cpu_route_s:.1f}, "
+        f"shards {st.cpu_shard_s:.1f}, reduce {st.cpu_reduce_s:.1f}, plan {st.cpu_plan_s:.1f})",
         err=True,
     )
     return 0

@@ -80,10 +80,18 @@ class L3:
         self, step: int, key: str, members: List[RankStep], roles: Dict[str, str], quiet: bool
     ) -> List[Shift]:
         """Feed one step of a symmetric group; `quiet`: no rank of the group is late or an outlier."""
+        values = {p: [float(rs.phases[p]) for rs in members if p in rs.phases] for p in roles}
+        return self.group_shift_values(step, key, values, roles, quiet)
+
+    def group_shift_values(
+        self, step: int, key: str, values: Dict[str, List[float]], roles: Dict[str, str], quiet: bool
+    ) -> List[Shift]:
+        """`group_shift` from each phase's values over the group (a reducer has the parts' least
+        value and quantiles, argus.aggregator.reduce: the level is the least, exact)."""
         th = self.th
         out: List[Shift] = []
         for p, role in roles.items():
-            vals = sorted(float(rs.phases[p]) for rs in members if p in rs.phases)
+            vals = sorted(values.get(p, ()))
             if len(vals) < th.min_group:
                 continue
             s = self.series.get((key, p))

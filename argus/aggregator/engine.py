@@ -27,10 +27,11 @@ from argus.aggregator.distributions import L3
 from argus.aggregator.explain import Explainer
 from argus.aggregator.gpuarrival import GpuArrivals
 from argus.aggregator.hang import HangWatch
+from argus.aggregator.partials import GroupPart, HangPartial, StepPartial, summarize
 from argus.aggregator.ranks import HOST_PHASES, L2, link_peers, name_culprits
 from argus.aggregator.robust import median
 from argus.aggregator.state import Aligner, Frame, Groups
-from argus.aggregator.steptime import L1, L1Finding
+from argus.aggregator.steptime import L1, L1Finding, release, steps_spanned
 from argus.gpu import trouble
 from argus.schema import Heartbeat, RankStep, read_jsonl
 
@@ -50,6 +51,8 @@ STEP_KINDS = {
 SPECIFIC = STEP_KINDS - {"step_spike", "step_regression", "missing"}
 #: alerts naming ranks from L2's flags: held while their ranks are still flagged now and then
 L2_KINDS = {"straggler", "pipeline_bubble", "slow_link"}
+#: what only the whole job can judge: a shard's engine leaves these to the reducer (argus.aggregator.reduce)
+JOB_KINDS = {"step_spike", "step_regression", "hang"}
 PY_WINDOW = 8  # steps of Python phases kept per rank for explanations
 
 
@@ -137,18 +140,13 @@ class JobDiag:
         self.reported |= present
 
 
-def _steps_spanned(d: JobDiag, ranks: Dict[int, RankStep]) -> float:
-    """How many training steps this summary spans: 1 normally; k when the probe missed k - 1 step
-    boundaries (its ranks issued k times the usual collectives), so L1 compares per-step times."""
-    n = median([sum(c.collectives + len(c.p2p) for c in rs.comms.values()) for rs in ranks.values()])
-    typical = median(list(d.colls)) if d.colls else n
-    d.colls.append(n)
-    if typical <= 0 or n < 1.5 * typical:
-        return 1.0
-    return n / typical
+def coll_count(rs: RankStep) -> int:
+    """Collectives and p2p ops of a summary, counted whether or not each has an instance (past the
+    agent's records per step: every n-th), for how many steps it spans: steptime."""
+    return sum(c.collectives + len(c.p2p) for c in rs.comms.values())
 
 
-def _host_wait_ratio(hw: Deque[Tuple[int, float]], since: int) -> Dict[str, Any]:
+def host_wait_ratio(hw: Deque[Tuple[int, float]], since: int) -> Dict[str, Any]:
     before = [v for s, v in hw if s < since][-16:]
     after = [v for s, v in hw if s >= since]
     if not before or not after or median(before) <= 0:
@@ -160,11 +158,16 @@ def _host_wait_ratio(hw: Deque[Tuple[int, float]], since: int) -> Dict[str, Any]
 
 
 class Engine:
+    """`shard` >= 0: the engine of one shard of a job split over several aggregators
+    (argus.aggregator.sharded): it judges the ranks it is given and leaves the job-wide kinds
+    (`JOB_KINDS`) to the reducer, to which it hands `partials` and `hangs` instead."""
+
     def __init__(
         self,
         thresholds: Optional[Thresholds] = None,
         phases: Optional[PhaseInfo] = None,
         book: Optional[AlertBook] = None,
+        shard: int = -1,
     ) -> None:
         self.th = thresholds or Thresholds()
         self.info = phases or PhaseInfo({})
@@ -172,6 +175,23 @@ class Engine:
         self.jobs: Dict[str, JobDiag] = {}
         self.stats = Stats()
         self.transitions: List[Alert] = []
+        self.shard = shard
+        self.partials: List[StepPartial] = []  # judged steps, for the reducer (taken by the caller)
+        self.hangs: Dict[str, HangPartial] = {}  # job -> the newest hang judgement, for the reducer
+        self.scope: Dict[str, int] = {}  # job -> ranks this shard judges (its frames wait for these)
+        self.whole: Dict[str, Set[str]] = {}  # job -> communicators kept whole in this shard
+        self._told: Dict[str, Set[int]] = {}
+
+    def set_scope(self, job: str, nranks: int, whole: Optional[Set[str]] = None) -> None:
+        """A shard's rank count: its steps are complete with these, not with the job's world; and
+        the communicators whose every member it judges (the others are cut: argus.aggregator.partition)."""
+        self.scope[job] = nranks
+        if whole is not None:
+            self.whole[job] = whole
+        d = self.jobs.get(job)
+        if d is not None:
+            d.aligner.scope = d.aligner.world = nranks
+            d.align.scope = d.align.world = nranks
 
     # ---- input ----------------------------------------------------------------------------------------
 
@@ -190,6 +210,8 @@ class Engine:
                 L3(th),
                 GpuArrivals(th),
             )
+            if job in self.scope:
+                self.set_scope(job, self.scope[job])
         return d
 
     def add(self, item: Item) -> List[Alert]:
@@ -264,6 +286,12 @@ class Engine:
         h = d.hang.judge(threshold, members)
         ex = Explainer(d.job, d.groups, self.info, d.hosts, align=d.align, modes=d.modes)
         findings = [ex.hang(h, d.last_step if d.last_step >= 0 else None)] if h else []
+        if self.shard >= 0:  # a cut communicator's other part sees nobody behind: the reducer picks
+            f = findings[0] if findings else None
+            hosts = {r: d.hosts[r] for r in (f.ranks if f else []) if r in d.hosts}
+            named = h is not None and bool(h.missing)
+            self.hangs[d.job] = HangPartial(d.job, self.shard, d.hang.now_ns(), f, hosts, named)
+            return []
         return self._publish(d, d.hang.now_ns(), findings, {"hang"}, resolve_after=2)
 
     def flush(self) -> List[Alert]:
@@ -323,6 +351,7 @@ class Engine:
         d.modes.add_wait_phases(ranks, d.groups)
         # which GPU reached the previous step's collectives last (argus.aggregator.gpuarrival)
         floor = max(th.gpu_late_min_ns, th.gpu_late_share * base_ns)
+        before = d.gpuarr.records[-1] if d.gpuarr.records else None
         last_gpu = d.gpuarr.judge(
             frame.step, ranks, d.groups, d.groups.symmetric(ranks), d.clocks.uncertainty, floor
         )
@@ -354,12 +383,18 @@ class Engine:
         # L3: group vs own past every step, rank vs group every `l3_every` steps
         # a rank L2 flagged within L3's window is L2's to judge: a burst is not a drift
         named_or_flagged = named | d.l2.flagged_within(th.l3_window) | cands
+        parts: List[GroupPart] = []
         for key, members in d.l2.members.items():
-            if len(members) < th.min_group:
+            cut = self.shard >= 0 and key not in self.whole.get(d.job, ())
+            if len(members) < (1 if cut else th.min_group):
                 continue
             rsl = [ranks[r] for r in members]
             roles = dict(d.l2.roles.get(key, {}))
             quiet = not (set(members) & (named | cands))  # a one-step noise flag does not veto
+            if cut:  # the reducer judges the whole group's shift (argus.aggregator.reduce)
+                parts.append(self._group_part(d, key, members, rsl, roles, quiet))
+                if len(members) < th.min_group:
+                    continue
             hw = d.host_wait.get(key)
             if hw is None:
                 hw = d.host_wait[key] = deque(maxlen=th.window)
@@ -367,10 +402,14 @@ class Engine:
             full = d.group_size[key] = max(d.group_size.get(key, 0), len(members))
             # a group short of members this step (a rank's data late or lost) has another minimum:
             # its level is not comparable with its past
-            shifts = d.l3.group_shift(frame.step, key, rsl, roles, quiet) if len(members) == full else []
+            shifts = (
+                d.l3.group_shift(frame.step, key, rsl, roles, quiet)
+                if len(members) == full and not cut
+                else []
+            )
             for sh in shifts:
                 if judge:
-                    findings.append(ex.shift(sh, sorted(members), frame.step, _host_wait_ratio(hw, sh.since)))
+                    findings.append(ex.shift(sh, sorted(members), frame.step, host_wait_ratio(hw, sh.since)))
             phases = sorted(p for p in rsl[0].phases if p not in HOST_PHASES and roles.get(p) != "comm")
             d.l3.push(key, rsl, phases)
             if judge and d.judged % th.l3_every == 0:
@@ -379,11 +418,16 @@ class Engine:
                         findings.append(ex.drift(dr, frame.step, th.l3_window))
 
         # L1: held until a level explains it, else published alone
-        for f in d.l1.observe(frame.step, step_ns / _steps_spanned(d, ranks)):
-            if judge:
-                d.held.append((f, d.judged + th.l1_hold_steps))
-                d.l1_log.append(f)
-        findings += self._release_l1(d, findings, ex)
+        colls = [coll_count(x) for x in ranks.values()]
+        l1 = d.l1.observe(frame.step, step_ns / steps_spanned(colls, d.colls))
+        if self.shard >= 0:  # the job's step time is the reducer's: this shard's ranks are part of it
+            self._partial(d, frame.step, t_ns, ranks, colls, findings, before, parts)
+        else:
+            for f in l1:
+                if judge:
+                    d.held.append((f, d.judged + th.l1_hold_steps))
+                    d.l1_log.append(f)
+            findings += self._release_l1(d, findings, ex)
         self._attach_gpu(d, findings)
         clocks = d.clocks.evidence()
         for fd in findings if clocks else []:
@@ -434,22 +478,68 @@ class Engine:
             )
         return out
 
+    def _partial(
+        self,
+        d: JobDiag,
+        step: int,
+        t_ns: int,
+        ranks: Dict[int, RankStep],
+        colls: List[int],
+        findings: List[Finding],
+        before: Any,
+        parts: List[GroupPart],
+    ) -> None:
+        """What the reducer needs of this step (argus.aggregator.partials), taken at the point where
+        the whole-job engine decides whether a level explains a slower step."""
+        explained = any(f.kind in SPECIFIC for f in findings) or any(
+            a.kind in SPECIFIC for a in self.book.firing(d.job)
+        )
+        told = self._told.setdefault(d.job, set())  # ranks whose host the reducer knows
+        recs = list(d.gpuarr.records)
+        new = []  # the evidence records this step's judging appended
+        while recs and recs[-1] is not before:
+            new.append(recs.pop())
+        self.partials.append(
+            StepPartial(
+                d.job,
+                self.shard,
+                step,
+                t_ns,
+                [rs.duration_ns for rs in ranks.values()],
+                colls,
+                explained,
+                d.align.absolute,
+                new[::-1],
+                parts,
+                {r: rs.host for r, rs in ranks.items() if r not in told},
+            )
+        )
+        told.update(ranks)
+
+    def _group_part(
+        self,
+        d: JobDiag,
+        key: str,
+        members: List[int],
+        rsl: List[RankStep],
+        roles: Dict[str, str],
+        quiet: bool,
+    ) -> GroupPart:
+        g = d.groups.by_comm.get(key)
+        comm = None if g is None else key
+        values = {p: summarize([float(rs.phases[p]) for rs in rsl if p in rs.phases]) for p in roles}
+        hw = median([rs.phases.get("host_wait", 0) for rs in rsl])
+        ident = d.align.identity(comm, members) if comm else {}
+        return GroupPart(key, sorted(members), quiet, roles, values, hw, g.main_op if g else None, ident)
+
     def _release_l1(self, d: JobDiag, findings: List[Finding], ex: Explainer) -> List[Finding]:
         explained = any(f.kind in SPECIFIC for f in findings) or any(
             a.kind in SPECIFIC for a in self.book.firing(d.job)
         )
-        keep: List[Tuple[L1Finding, int]] = []
-        out: List[Finding] = []
-        for f, due in d.held:
-            if explained:
-                self.stats.l1_folded += 1
-            elif d.judged >= due:
-                # nothing named: say whether the GPUs' arrivals could have told who held the job up
-                out.append(ex.l1(f, d.gpuarr.unseparated(f.first, f.last)))
-            else:
-                keep.append((f, due))
-        d.held = keep
-        return out
+        d.held, due, folded = release(d.held, d.judged, explained)
+        self.stats.l1_folded += folded
+        # nothing named: say whether the GPUs' arrivals could have told who held the job up
+        return [ex.l1(f, d.gpuarr.unseparated(f.first, f.last)) for f in due]
 
     def _attach_gpu(self, d: JobDiag, findings: List[Finding]) -> None:
         if not d.gpu:

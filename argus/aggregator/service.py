@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from argus.aggregator.alerts import Alert
+from argus.aggregator.alerts import Alert, AlertBook
 from argus.aggregator.engine import Engine
 from argus.errors import RedisUnavailable
 from argus.redisconf import connection_hint
@@ -39,7 +39,7 @@ from argus.rediskeys import k_alert_state, k_alerts, k_leader, list_jobs
 ALERTS_MAXLEN = 10_000
 LEASE_S = 10.0  # a job's leader lease; a standby takes over this long after the leader stops renewing
 # renew the lease only if it is still ours (a stalled leader must not extend its successor's)
-_RENEW = (
+RENEW = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then "
     "return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
 )
@@ -61,6 +61,33 @@ def parse_alert(data: Any) -> Optional[Alert]:
     if not isinstance(a.id, str) or not isinstance(a.kind, str) or not isinstance(a.ranks, list):
         return None
     return a
+
+
+def publish_alerts(client: Any, alerts: List[Alert]) -> None:
+    """Alert transitions to the job's stream, channel and state hash."""
+    from argus.redisconf import is_cluster
+
+    cluster = is_cluster(client)
+    pipe = client.pipeline(transaction=False)
+    for a in alerts:
+        data = alert_json(a)
+        pipe.xadd(k_alerts(a.job), {"d": data}, maxlen=ALERTS_MAXLEN, approximate=True)
+        if not cluster:
+            pipe.publish(k_alerts(a.job), data)
+        pipe.hset(k_alert_state(a.job), a.id, data)
+    pipe.execute()
+    if cluster:  # a cluster pipeline refuses PUBLISH (it goes to every node): after the stream
+        for a in alerts:
+            client.publish(k_alerts(a.job), alert_json(a))
+
+
+def load_book(client: Any, job: str, book: AlertBook, keep: Callable[[Alert], bool] = lambda a: True) -> None:
+    """Firing alerts another (or a previous) aggregator left, those `keep` says are this one's to
+    continue: the book resolves them once their condition is gone."""
+    for _aid, raw in client.hgetall(k_alert_state(job)).items():
+        a = parse_alert(raw)
+        if a is not None and a.job == job and a.id not in book.alerts and keep(a):
+            book.alerts[a.id] = a
 
 
 @dataclass
@@ -134,10 +161,7 @@ class Aggregator:
 
     def _reload(self, job: str) -> None:
         """Firing alerts another (or a previous) aggregator left: the book continues them."""
-        for _aid, raw in self.r.hgetall(k_alert_state(job)).items():
-            a = parse_alert(raw)
-            if a is not None and a.job == job and a.id not in self.engine.book.alerts:
-                self.engine.book.alerts[a.id] = a
+        load_book(self.r, job, self.engine.book)
 
     # ---- leadership ----------------------------------------------------------------------------------
 
@@ -153,7 +177,7 @@ class Aggregator:
         key, px = k_leader(job), int(self.lease_s * 1000)
         try:
             if was:
-                if self.r.eval(_RENEW, 1, key, self.consumer, px):
+                if self.r.eval(RENEW, 1, key, self.consumer, px):
                     return True
                 self._say(
                     f"job {job}: lost the lead (stalled past its {self.lease_s:g} s lease), standing by"
@@ -167,7 +191,7 @@ class Aggregator:
             holder = self.r.get(key)
             who = holder.decode("utf-8", "replace") if isinstance(holder, bytes) else "another aggregator"
             if who == self.consumer:  # restarted under the same name within its lease: still ours
-                self.r.eval(_RENEW, 1, key, self.consumer, px)
+                self.r.eval(RENEW, 1, key, self.consumer, px)
                 self._leading[job] = True
                 self._take_over(job)
                 return True
@@ -260,20 +284,7 @@ class Aggregator:
     def _publish(self, job: str, alerts: List[Alert]) -> None:
         if not alerts:
             return
-        from argus.redisconf import is_cluster
-
-        cluster = is_cluster(self.r)
-        pipe = self.r.pipeline(transaction=False)
-        for a in alerts:
-            data = alert_json(a)
-            pipe.xadd(k_alerts(a.job), {"d": data}, maxlen=ALERTS_MAXLEN, approximate=True)
-            if not cluster:
-                pipe.publish(k_alerts(a.job), data)
-            pipe.hset(k_alert_state(a.job), a.id, data)
-        pipe.execute()
-        if cluster:  # a cluster pipeline refuses PUBLISH (it goes to every node): after the stream
-            for a in alerts:
-                self.r.publish(k_alerts(a.job), alert_json(a))
+        publish_alerts(self.r, alerts)
         self.stats.published += len(alerts)
         if self.on_alert is not None:
             for a in alerts:

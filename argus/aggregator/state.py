@@ -175,6 +175,7 @@ class Aligner:
         self.frames: Dict[int, Frame] = {}
         self.expected: Set[int] = set()
         self.world = -1
+        self.scope = -1  # a shard's ranks (argus.aggregator.sharded): the world it waits for
         self.max_step = -1
         self.judged = -1  # highest step handed out
         self.late = 0  # summaries for steps already judged (dropped)
@@ -192,7 +193,9 @@ class Aligner:
             self.late += 1
             return
         self.expected.add(rs.rank)
-        if rs.world_size > self.world:
+        if self.scope > 0:
+            self.world = self.scope
+        elif rs.world_size > self.world:
             self.world = rs.world_size
         f = self.frames.get(s)
         if f is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Deque, List, Optional, Tuple
+from typing import Deque, List, Optional, Sequence, Tuple
 
 from argus.aggregator.config import Thresholds
 from argus.aggregator.robust import median
@@ -70,6 +70,31 @@ def change_point(xs: List[float], th: Thresholds) -> Optional[Tuple[int, float]]
     if median(xs[i:]) < th.regress_ratio * median(xs[:i]):
         return None
     return best
+
+
+def steps_spanned(colls: Sequence[float], history: Deque[float]) -> float:
+    """How many training steps one summary spans, from every rank's collective count in it
+    (`colls`) against the recent steps' (`history`, appended to): 1 normally; k when the probe
+    missed k - 1 step boundaries (its ranks issued k times the usual collectives), so that L1
+    compares per-step times."""
+    n = median(list(colls))
+    typical = median(list(history)) if history else n
+    history.append(n)
+    if typical <= 0 or n < 1.5 * typical:
+        return 1.0
+    return n / typical
+
+
+Held = List[Tuple[L1Finding, int]]  # (finding, publish at this judged-step count)
+
+
+def release(held: Held, judged: int, explained: bool) -> Tuple[Held, List[L1Finding], int]:
+    """(still held, due for publishing alone, folded): a held L1 finding is folded into what a
+    level found (`explained`: a specific finding now, or one firing), else published once due."""
+    if explained:
+        return [], [], len(held)
+    due = [f for f, at in held if judged >= at]
+    return [(f, at) for f, at in held if judged < at], due, 0
 
 
 class L1:
