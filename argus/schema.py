@@ -1,10 +1,12 @@
 """The per-rank, per-step summary every part after the agent works on (schema version 1).
 
-`RankStep` is the decoded form: what the aggregator, `top`, reports and exporters read. It is
-built by the agent from a probe step (`from_probe`), shipped compactly (argus.wire: msgpack), and
-rebuilt by readers. Times are nanoseconds; absolute times are CLOCK_REALTIME (the agent adds its
-measured monotonic→realtime offset), so ranks on different hosts are comparable within the clock
-sync uncertainty recorded in each summary.
+`RankStep` is the decoded form: what the aggregator, `top`, reports and exporters read. The agent's
+tracker builds it directly, with the probe-only `detail` (`ProbeDetail`) that `argus probe --json`
+also prints: `to_probe_json` is that JSON object (schema 1 of docs/probe.md), `from_probe` its exact
+inverse (the one reader of recorded lines: `read_jsonl`). It is shipped compactly without the
+detail (argus.wire: msgpack), and rebuilt by readers. Times are nanoseconds; absolute times are
+CLOCK_REALTIME (the agent adds its measured monotonic→realtime offset), so ranks on different hosts
+are comparable within the clock sync uncertainty recorded in each summary.
 
 Phases: `timer<k>` are the GPU durations the process itself measured with cuEventElapsedTime,
 in the order it read them in the step (the same code on every rank reads them in the same order,
@@ -93,6 +95,107 @@ class GpuArrival:
     coll_gpu_ns: Dict[str, List[int]] = field(default_factory=dict)
 
 
+# ---- what `argus probe --json` says beyond the summary (never on the wire) ------------------------
+
+
+@dataclass
+class StepPeriod:
+    """How the agent cuts steps (`period`): syncs per step, the detector's confidence and source;
+    all None while no period is found."""
+
+    syncs_per_step: Optional[int] = None
+    confidence: Optional[float] = None
+    source: Optional[str] = None
+
+
+@dataclass
+class Timer:
+    """A GPU time the process read with cuEventElapsedTime (`cuda.timers[k]`: phase timer<k>)."""
+
+    ms: float
+    start_event: int  # CUevent handles
+    end_event: int
+    stream: Optional[int]  # the stream the end event was recorded on (0: unseen); None: not said
+
+
+@dataclass
+class OpTotals:
+    """One NCCL operation's calls in the step (`nccl.ops[op]`); host time as entered, before a
+    group's wait is moved onto its last operation."""
+
+    count: int = 0
+    nbytes: int = 0
+    host_ns: int = 0
+
+
+@dataclass
+class CommInit:
+    """A communicator creation (`nccl.inits`)."""
+
+    call: str
+    result: int
+    nranks: int
+    rank: int
+    comm: Optional[str]  # its key; None when the call failed
+
+
+@dataclass
+class CommDetail:
+    """What `nccl.comms[c]` and `nccl.arrivals` say of a communicator beyond its CommStep; lists
+    parallel to the CommStep's collectives (sorted by seq) and to its p2p ops."""
+
+    first_seq: int
+    last_seq: int
+    ops: int = -1  # operations on it in the step (-1: its instances and p2p ops, all recorded)
+    collectives: Optional[int] = None  # the step's collectives from BPF's sums (None: not printed)
+    roots: List[Optional[int]] = field(default_factory=list)  # root of Broadcast/Reduce; None: none
+    grouped: List[bool] = field(default_factory=list)  # called inside ncclGroupStart/End ("g")
+    p2p_seqs: List[int] = field(default_factory=list)
+    p2p_grouped: List[bool] = field(default_factory=list)
+
+
+@dataclass
+class CudaDetail:
+    launch_hist: Dict[int, int] = field(default_factory=dict)  # log2(launch-call ns) -> count
+    sampled_said: bool = False  # `launches.sampled` printed (launch probes in windows: --launch-steps)
+    sync_by_call: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # call -> (count, wait ns)
+    memory: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # alloc*/free* -> (count, bytes)
+    timers: List[Timer] = field(default_factory=list)
+    event_records: int = 0
+    runtime_calls: Dict[str, int] = field(default_factory=dict)  # `cudart.calls`
+
+
+@dataclass
+class NcclDetail:
+    ops: Dict[str, OpTotals] = field(default_factory=dict)
+    comms: Dict[str, CommDetail] = field(default_factory=dict)
+    # `nccl.arrivals` in the order printed (the order of the calls' records): (comm, i), i >= 0 the
+    # comm's i-th collective, i < 0 its p2p op -1 - i (CommStep keeps collectives sorted by seq)
+    order: List[Tuple[str, int]] = field(default_factory=list)
+    groups: int = 0  # ncclGroupStart calls
+    calls: Dict[str, int] = field(default_factory=dict)  # other calls, counted
+    inits: List[CommInit] = field(default_factory=list)
+
+
+@dataclass
+class ProbeDetail:
+    """Everything `argus probe --json` prints that the summary does not carry: kept with the
+    agent's RankStep and with one read back from a JSONL file, so `to_probe_json` gives the line
+    again; never shipped (argus.wire leaves it out: the aggregator judges without it)."""
+
+    ns_pid: Optional[int] = None  # the pid in its own PID namespace (docs/probe.md)
+    rank_from: Optional[str] = None  # `identity.rank`; None: a line of an agent before `identity`
+    identity_why: str = ""
+    # the monotonic end printed when it is not start + duration (a tail with nothing traced: 0)
+    end_ns: Optional[int] = None
+    period: Optional[StepPeriod] = None
+    cuda: CudaDetail = field(default_factory=CudaDetail)
+    nccl: NcclDetail = field(default_factory=NcclDetail)
+    # the Python and host channels' sections as printed (`python`, `host_cpu`: docs/python.md)
+    sections: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    gpu: Optional[Dict[str, Any]] = None  # NVML's sample as printed (RankStep.gpu: its compact form)
+
+
 @dataclass
 class RankStep:
     job: str
@@ -129,6 +232,8 @@ class RankStep:
     gpu: Dict[str, float] = field(default_factory=dict)
     # when this rank's GPU reached the collectives of its previous step (None: no evidence)
     gpu_arrival: Optional[GpuArrival] = None
+    # what only `argus probe --json` says (the agent's and a JSONL file's steps); None off the wire
+    detail: Optional[ProbeDetail] = None
 
     @property
     def end_ns(self) -> int:
@@ -152,90 +257,233 @@ def parse_line(line: str) -> Dict[str, Any]:
     return d
 
 
-def from_probe(d: dict) -> RankStep:
-    """Build a RankStep from one `argus probe --json` object (schema 1 of docs/probe.md)."""
+PROBE_SCHEMA = 1  # of the `argus probe --json` object (docs/probe.md)
+MEMCPY_KINDS = ("HtoD", "DtoH", "DtoD", "memset")
+# top-level keys of the probe object that are not a channel's section (`python`, `host_cpu`, ...)
+_PROBE_KEYS = frozenset(
+    "schema job rank local_rank world_size host pid ns_pid identity step step_source start_ns end_ns "
+    "duration_ns wall_offset_ns period cuda cudart nccl drops gpu_arrival wall_offset_err_ns gpu".split()
+)
+
+
+def error_channel(call: str) -> str:
+    """The `--json` section a call's errors are printed in: RankStep.errors holds every channel's.
+    By the API's prefix (tests/test_probe_json.py checks it against every probed call)."""
+    if call.startswith("nccl"):
+        return "nccl"
+    return "cudart" if call.startswith("cuda") else "cuda"
+
+
+def from_probe(d: Dict[str, Any]) -> RankStep:
+    """Build a RankStep, its detail included, from one `argus probe --json` object (schema 1 of
+    docs/probe.md): the exact inverse of `to_probe_json` for what the agent prints; lines of older
+    agents read with defaults."""
     off = int(d.get("wall_offset_ns", 0))
-    start = int(d["start_ns"]) + off
+    mono_start = int(d["start_ns"])
+    duration = int(d["duration_ns"])
     cuda = d.get("cuda", {})
-    phases: Dict[str, int] = {}
-    for i, t in enumerate(cuda.get("timers", [])):
-        phases[f"timer{i}"] = round(float(t["ms"]) * 1e6)
-    phase_stream = _stream_ordinals([str(t.get("stream", "")) for t in cuda.get("timers", [])])
-    wait = int(cuda.get("sync", {}).get("wait_ns", 0))
-    phases["host_wait"] = wait
-    phases["host_other"] = max(0, int(d["duration_ns"]) - wait)
-    comms: Dict[str, CommStep] = {}
-    nccl = d.get("nccl", {})
-    info = nccl.get("comms", {})
-    for a in nccl.get("arrivals", []):
-        comm, seq, op, nbytes, enter, host = a[0], int(a[1]), a[2], int(a[3]), int(a[4]), int(a[5])
-        meta = info.get(comm, {})
-        c = comms.get(comm)
-        if c is None:
-            c = comms[comm] = CommStep(
-                comm,
-                int(meta.get("nranks", -1)),
-                int(meta.get("rank", -1)),
-                str(meta.get("identity", "handle")),
-            )
-        if op in P2P:
-            peer = int(a[6]) if len(a) > 6 and not isinstance(a[6], str) else -1
-            c.p2p.append(P2POp(op, peer, nbytes, enter + off, host))
-        else:
-            c.seqs.append(seq)
-            c.ops.append(op)
-            c.nbytes.append(nbytes)
-            c.arrive_ns.append(enter + off)
-            c.host_ns.append(host)
-    for c in comms.values():
-        meta = info.get(c.comm, {})
-        n = int(meta.get("collectives", 0))
-        if n > len(c.seqs):  # sampled (docs/schema.md): the step's count and first
-            c.count, c.first_seq = n, int(meta.get("first_seq", -1))
-        order = sorted(range(len(c.seqs)), key=c.seqs.__getitem__)
-        c.seqs = [c.seqs[i] for i in order]
-        c.ops = [c.ops[i] for i in order]
-        c.nbytes = [c.nbytes[i] for i in order]
-        c.arrive_ns = [c.arrive_ns[i] for i in order]
-        c.host_ns = [c.host_ns[i] for i in order]
+    cudart = d.get("cudart", {})
+    timers = [_timer_from(t) for t in cuda.get("timers", [])]
+    sync = cuda.get("sync", {})
+    wait = int(sync.get("wait_ns", 0))
+    comms, nccl = nccl_from_probe(d.get("nccl", {}), off)
     errors: Dict[str, Dict[int, int]] = {}
     for section in ("cuda", "cudart", "nccl"):
-        for call, codes in d.get(section, {}).get("errors", {}).items():
-            errors[call] = {int(k): int(v) for k, v in codes.items()}
+        errors.update(errors_from_probe(d.get(section, {}).get("errors", {})))
     launches = cuda.get("launches", {})
+    sections = {str(k): v for k, v in d.items() if k not in _PROBE_KEYS and isinstance(v, dict)}
+    ident = d.get("identity")
+    period = d.get("period")
+    end = int(d.get("end_ns", mono_start + duration))
+    gpu = d.get("gpu")
+    detail = ProbeDetail(
+        ns_pid=None if d.get("ns_pid") is None else int(d["ns_pid"]),
+        rank_from=None if ident is None else str(ident.get("rank", "")),
+        identity_why="" if ident is None else str(ident.get("why", "")),
+        end_ns=None if end == mono_start + duration else end,
+        period=None
+        if period is None
+        else StepPeriod(
+            None if period.get("syncs_per_step") is None else int(period["syncs_per_step"]),
+            None if period.get("confidence") is None else float(period["confidence"]),
+            None if period.get("source") is None else str(period["source"]),
+        ),
+        cuda=CudaDetail(
+            launch_hist={int(k): int(v) for k, v in launches.get("api_ns_log2_hist", {}).items()},
+            sampled_said="sampled" in launches,
+            sync_by_call={
+                str(k): (int(v.get("count", 0)), int(v.get("wait_ns", 0)))
+                for k, v in sync.get("by_call", {}).items()
+            },
+            memory={str(k): (int(v["count"]), int(v["bytes"])) for k, v in cuda.get("memory", {}).items()},
+            timers=timers,
+            event_records=int(cuda.get("event_records", 0)),
+            runtime_calls={str(k): int(v) for k, v in cudart.get("calls", {}).items()},
+        ),
+        nccl=nccl,
+        sections=sections,
+        gpu=gpu if isinstance(gpu, dict) else None,
+    )
     return RankStep(
         job=str(d["job"]),
         rank=int(d["rank"]),
         host=str(d["host"]),
         pid=int(d["pid"]),
         step=None if d.get("step") is None else int(d["step"]),
-        start_ns=start,
-        duration_ns=int(d["duration_ns"]),
+        start_ns=mono_start + off,
+        duration_ns=duration,
         local_rank=int(d.get("local_rank", -1)),
         world_size=int(d.get("world_size", -1)),
         step_source=str(d.get("step_source", "ordinal")),
         clock_offset_ns=off,
         clock_uncertainty_ns=int(d.get("wall_offset_err_ns", 0)),
-        sync_count=int(cuda.get("sync", {}).get("count", 0)),
+        sync_count=int(sync.get("count", 0)),
         sync_wait_ns=wait,
-        phases=phases,
+        phases=step_phases(timers, wait, duration),
         launches=int(launches.get("total", 0)),
         launches_sampled=bool(launches.get("sampled", True)),
-        kernels={k: int(v) for k, v in launches.get("by_kernel", {}).items()},
-        memcpy={k: (int(v["count"]), int(v["bytes"])) for k, v in cuda.get("memcpy", {}).items()},
+        kernels={str(k): int(v) for k, v in launches.get("by_kernel", {}).items()},
+        memcpy={str(k): (int(v["count"]), int(v["bytes"])) for k, v in cuda.get("memcpy", {}).items()},
         errors=errors,
         comms=comms,
-        phase_stream=phase_stream,
-        py_phases={
-            str(k): int(v) for k, v in (d.get("python") or {}).get("phases", {}).items() if int(v) > 0
-        },
-        gpu=gpu_compact(d["gpu"]) if isinstance(d.get("gpu"), dict) else {},
+        phase_stream=stream_ordinals(timers),
+        py_phases=python_phases(sections.get("python")),
+        gpu=gpu_compact(gpu) if isinstance(gpu, dict) else {},
         drops={str(k): int(v) for k, v in (d.get("drops") or {}).items()},
-        gpu_arrival=_gpu_arrival(d.get("gpu_arrival"), off),
+        gpu_arrival=gpu_arrival_from_probe(d.get("gpu_arrival"), off),
+        detail=detail,
     )
 
 
-def _gpu_arrival(g: Any, off: int) -> Optional[GpuArrival]:
+def _timer_from(t: Dict[str, Any]) -> Timer:
+    stream = t.get("stream")
+    return Timer(
+        float(t["ms"]),
+        int(str(t.get("start_event", "0")), 16),
+        int(str(t.get("end_event", "0")), 16),
+        None if stream is None else int(str(stream), 16),
+    )
+
+
+def errors_from_probe(errors: Dict[str, Any]) -> Dict[str, Dict[int, int]]:
+    """A section's `errors` ({call: {"code": count}}) as RankStep.errors holds them."""
+    return {str(call): {int(k): int(v) for k, v in codes.items()} for call, codes in errors.items()}
+
+
+def step_phases(timers: List[Timer], wait_ns: int, duration_ns: int) -> Dict[str, int]:
+    """RankStep.phases: timer<k> in ns, the host's wait on the GPU, the rest of the step."""
+    phases = {f"timer{i}": round(t.ms * 1e6) for i, t in enumerate(timers)}
+    phases["host_wait"] = wait_ns
+    phases["host_other"] = max(0, duration_ns - wait_ns)
+    return phases
+
+
+def python_phases(section: Any) -> Dict[str, int]:
+    """RankStep.py_phases from the Python channel's section: its phases that took any time."""
+    if not isinstance(section, dict):
+        return {}
+    return {str(k): int(v) for k, v in section.get("phases", {}).items() if int(v) > 0}
+
+
+def nccl_from_probe(n: Dict[str, Any], off: int) -> Tuple[Dict[str, CommStep], NcclDetail]:
+    """The probe's `nccl` section as CommSteps (realtime: `off` added) and the rest of it. The agent's
+    tracker builds that section and converts it here too, so the two forms cannot drift."""
+    info = n.get("comms", {})
+    comms: Dict[str, CommStep] = {}
+    details: Dict[str, CommDetail] = {}
+    order: List[Tuple[str, int]] = []
+    for comm, meta in info.items():  # in the printed order; one may have no record in the step
+        comm = str(comm)
+        comms[comm] = CommStep(
+            comm, int(meta.get("nranks", -1)), int(meta.get("rank", -1)), str(meta.get("identity", "handle"))
+        )
+        first = int(meta.get("first_seq", -1))
+        n_coll = meta.get("collectives")
+        details[comm] = CommDetail(
+            first,
+            int(meta.get("last_seq", first)),
+            int(meta.get("ops", -1)),
+            None if n_coll is None else int(n_coll),
+        )
+    for a in n.get("arrivals", []):
+        comm, seq, op, nbytes, enter, host = str(a[0]), int(a[1]), str(a[2]), int(a[3]), int(a[4]), int(a[5])
+        extra = a[6:]  # [peer or root], ["g"]
+        said = extra[0] if extra and not isinstance(extra[0], str) else None
+        grouped = bool(extra) and extra[-1] == "g"
+        c = comms.get(comm)
+        if c is None:
+            meta = info.get(comm, {})
+            c = comms[comm] = CommStep(
+                comm,
+                int(meta.get("nranks", -1)),
+                int(meta.get("rank", -1)),
+                str(meta.get("identity", "handle")),
+            )
+            cd = details[comm] = CommDetail(int(meta.get("first_seq", seq)), int(meta.get("last_seq", seq)))
+        else:
+            cd = details[comm]
+        if op in P2P:
+            order.append((comm, -1 - len(c.p2p)))
+            c.p2p.append(P2POp(op, -1 if said is None else int(said), nbytes, enter + off, host))
+            cd.p2p_seqs.append(seq)
+            cd.p2p_grouped.append(grouped)
+        else:
+            order.append((comm, len(c.seqs)))
+            c.seqs.append(seq)
+            c.ops.append(op)
+            c.nbytes.append(nbytes)
+            c.arrive_ns.append(enter + off)
+            c.host_ns.append(host)
+            cd.roots.append(None if said is None else int(said))
+            cd.grouped.append(grouped)
+    for key, c in comms.items():
+        cd = details[key]
+        if cd.collectives is not None and cd.collectives > len(c.seqs):  # every n-th (docs/schema.md)
+            c.count, c.first_seq = cd.collectives, cd.first_seq
+        if cd.ops == len(c.seqs) + len(c.p2p):
+            cd.ops = -1  # what the instances say: not kept twice
+    moved: Dict[str, List[int]] = {}  # comm -> new index of each collective, when sorting moved any
+    for key, c in comms.items():
+        seqs = c.seqs
+        if all(seqs[i] <= seqs[i + 1] for i in range(len(seqs) - 1)):
+            continue
+        perm = sorted(range(len(seqs)), key=seqs.__getitem__)
+        cd = details[key]
+        for lst in (c.seqs, c.ops, c.nbytes, c.arrive_ns, c.host_ns, cd.roots, cd.grouped):
+            _permute(lst, perm)
+        where = [0] * len(perm)
+        for new, old in enumerate(perm):
+            where[old] = new
+        moved[key] = where
+    if moved:
+        order = [(k, moved[k][i]) if i >= 0 and k in moved else (k, i) for k, i in order]
+    return comms, NcclDetail(
+        ops={
+            str(op): OpTotals(int(v.get("count", 0)), int(v.get("bytes", 0)), int(v.get("host_ns", 0)))
+            for op, v in n.get("ops", {}).items()
+        },
+        comms=details,
+        order=order,
+        groups=int(n.get("groups", 0)),
+        calls={str(k): int(v) for k, v in n.get("calls", {}).items()},
+        inits=[
+            CommInit(
+                str(i.get("call", "")),
+                int(i.get("result", 0)),
+                int(i.get("nranks", -1)),
+                int(i.get("rank", -1)),
+                None if i.get("comm") is None else str(i["comm"]),
+            )
+            for i in n.get("inits", [])
+        ],
+    )
+
+
+def _permute(lst: List[Any], perm: List[int]) -> None:
+    lst[:] = [lst[i] for i in perm]
+
+
+def gpu_arrival_from_probe(g: Any, off: int) -> Optional[GpuArrival]:
     """The probe's `gpu_arrival` object (monotonic ns) on the realtime clock."""
     if not isinstance(g, dict):
         return None
@@ -253,19 +501,166 @@ def _gpu_arrival(g: Any, off: int) -> Optional[GpuArrival]:
     )
 
 
-def _stream_ordinals(streams: List[str]) -> Dict[str, int]:
+def stream_ordinals(timers: List[Timer]) -> Dict[str, int]:
     """timer<k> -> 0 for the stream most timers end on (the first timer's on a tie), 1, 2, ... for the
     others in order of appearance; empty when a stream is unknown."""
-    if not streams or "" in streams:
+    streams = [t.stream for t in timers]
+    if not streams or None in streams:
         return {}
-    counts: Dict[str, int] = {}
+    counts: Dict[Optional[int], int] = {}
     for st in streams:
         counts[st] = counts.get(st, 0) + 1
     main = max(counts, key=lambda st: (counts[st], -streams.index(st)))
-    order: Dict[str, int] = {main: 0}
+    order: Dict[Optional[int], int] = {main: 0}
     for st in streams:
         order.setdefault(st, len(order))
     return {f"timer{i}": order[st] for i, st in enumerate(streams)}
+
+
+def probe_span(rs: RankStep) -> Tuple[int, int]:
+    """The step's start and end on the agent's monotonic clock, as `--json` prints them."""
+    start = rs.start_ns - rs.clock_offset_ns
+    end = rs.detail.end_ns if rs.detail is not None else None
+    return start, start + rs.duration_ns if end is None else end
+
+
+def to_probe_json(rs: RankStep) -> Dict[str, Any]:
+    """The `argus probe --json` object of a step (schema 1 of docs/probe.md), what `--json` prints:
+    the agent's own steps and those `from_probe` read. Needs the detail (a step decoded from the
+    wire has none: ValueError)."""
+    det = rs.detail
+    if det is None:
+        raise ValueError(f"rank {rs.rank} step {rs.step}: no probe detail (a summary from the wire?)")
+    off = rs.clock_offset_ns
+    start, end = probe_span(rs)
+    d: Dict[str, Any] = {
+        "schema": PROBE_SCHEMA,
+        "job": rs.job,
+        "rank": rs.rank,
+        "local_rank": rs.local_rank,
+        "world_size": rs.world_size,
+        "host": rs.host,
+        "pid": rs.pid,
+    }
+    if det.ns_pid is not None:
+        d["ns_pid"] = det.ns_pid
+    if det.rank_from is not None:
+        d["identity"] = {"rank": det.rank_from, "why": det.identity_why}
+    d["step"] = rs.step
+    d["step_source"] = rs.step_source
+    d["start_ns"] = start
+    d["end_ns"] = end
+    d["duration_ns"] = rs.duration_ns
+    d["wall_offset_ns"] = off
+    if det.period is not None:
+        p = det.period
+        d["period"] = {"syncs_per_step": p.syncs_per_step, "confidence": p.confidence, "source": p.source}
+    cu = det.cuda
+    launches: Dict[str, Any] = {
+        "total": rs.launches,
+        "by_kernel": dict(rs.kernels),
+        "api_ns_log2_hist": {str(k): v for k, v in cu.launch_hist.items()},
+    }
+    if cu.sampled_said:
+        launches["sampled"] = rs.launches_sampled
+    d["cuda"] = {
+        "launches": launches,
+        "sync": {
+            "count": rs.sync_count,
+            "wait_ns": rs.sync_wait_ns,
+            "by_call": {k: {"count": c, "wait_ns": w} for k, (c, w) in cu.sync_by_call.items()},
+        },
+        "memcpy": {k: {"count": c, "bytes": b} for k, (c, b) in rs.memcpy.items()},
+        "memory": {k: {"count": c, "bytes": b} for k, (c, b) in cu.memory.items()},
+        "timers": [_timer_json(t) for t in cu.timers],
+        "event_records": cu.event_records,
+        "errors": _errors_json(rs.errors, "cuda"),
+    }
+    d["cudart"] = {"calls": dict(cu.runtime_calls), "errors": _errors_json(rs.errors, "cudart")}
+    d["nccl"] = _nccl_json(rs, det.nccl, off)
+    if rs.drops:
+        d["drops"] = dict(rs.drops)
+    if rs.gpu_arrival is not None:
+        d["gpu_arrival"] = _gpu_arrival_json(rs.gpu_arrival, off)
+    d.update(det.sections)
+    d["wall_offset_err_ns"] = rs.clock_uncertainty_ns
+    if det.gpu is not None:
+        d["gpu"] = det.gpu
+    return d
+
+
+def _timer_json(t: Timer) -> Dict[str, Any]:
+    out: Dict[str, Any] = {"ms": t.ms, "start_event": f"{t.start_event:#x}", "end_event": f"{t.end_event:#x}"}
+    if t.stream is not None:
+        out["stream"] = f"{t.stream:#x}"
+    return out
+
+
+def _errors_json(errors: Dict[str, Dict[int, int]], channel: str) -> Dict[str, Dict[str, int]]:
+    return {
+        call: {str(k): v for k, v in codes.items()}
+        for call, codes in errors.items()
+        if error_channel(call) == channel
+    }
+
+
+def _nccl_json(rs: RankStep, n: NcclDetail, off: int) -> Dict[str, Any]:
+    comms: Dict[str, Any] = {}
+    for key, c in rs.comms.items():
+        cd = n.comms[key]
+        comms[key] = {
+            "nranks": c.nranks,
+            "rank": c.rank,
+            "identity": c.identity,
+            "ops": cd.ops if cd.ops >= 0 else len(c.seqs) + len(c.p2p),
+            "first_seq": cd.first_seq,
+            "last_seq": cd.last_seq,
+        }
+        if cd.collectives is not None:
+            comms[key]["collectives"] = cd.collectives
+    arrivals: List[List[Any]] = []
+    for key, i in n.order:
+        c, cd = rs.comms[key], n.comms[key]
+        if i >= 0:
+            a: List[Any] = [key, c.seqs[i], c.ops[i], c.nbytes[i], c.arrive_ns[i] - off, c.host_ns[i]]
+            root = cd.roots[i]
+            if root is not None:
+                a.append(root)
+            if cd.grouped[i]:
+                a.append("g")
+        else:
+            j = -1 - i
+            p = c.p2p[j]
+            a = [key, cd.p2p_seqs[j], p.op, p.nbytes, p.arrive_ns - off, p.host_ns, p.peer]
+            if cd.p2p_grouped[j]:
+                a.append("g")
+        arrivals.append(a)
+    return {
+        "ops": {k: {"count": o.count, "bytes": o.nbytes, "host_ns": o.host_ns} for k, o in n.ops.items()},
+        "comms": comms,
+        "arrivals": arrivals,
+        "groups": n.groups,
+        "errors": _errors_json(rs.errors, "nccl"),
+        "calls": dict(n.calls),
+        "inits": [
+            {"call": i.call, "result": i.result, "nranks": i.nranks, "rank": i.rank, "comm": i.comm}
+            for i in n.inits
+        ],
+    }
+
+
+def _gpu_arrival_json(g: GpuArrival, off: int) -> Dict[str, Any]:
+    out: Dict[str, Any] = {"step": g.step}
+    if g.bounds:
+        out["bounds"] = {
+            c: [[i, lo - off, hi - off if hi else 0, src] for i, lo, hi, src in v]
+            for c, v in g.bounds.items()
+        }
+    if g.net_first_ns:
+        out["net_first_ns"] = g.net_first_ns - off
+    if g.coll_gpu_ns:
+        out["coll_gpu_ns"] = {c: list(v) for c, v in g.coll_gpu_ns.items()}
+    return out
 
 
 @dataclass

@@ -77,6 +77,7 @@ STEP_FIELDS = {
     "phase_stream": "ps", "py_phases": "pp", "launches": "l", "launches_sampled": "lu", "kernels": "k/kx",
     "memcpy": "mc", "errors": "e", "comms": "c", "drops": "dr", "version": "v",
     "gpu": "g", "gpu_arrival": "ga",
+    "detail": "",  # not on the wire: what only `argus probe --json` prints (argus.schema.ProbeDetail)
 }  # fmt: skip
 COMM_FIELDS = {
     "comm": "id", "nranks": "n", "rank": "r", "identity": "i", "seqs": "s0/sd", "ops": "op", "nbytes": "b",

@@ -21,9 +21,11 @@ from argus.agent.redisout import RedisOut
 from argus.agent.render import RankView, render
 from argus.agent.targets import process_gone
 from argus.errors import ArgusError, NoSuchProcess, UsageError
+from argus.gpu import compact as gpu_compact
 from argus.probes import libcuda, libcudart, libnccl
 from argus.probes.base import Channel
 from argus.redisconf import RedisConf
+from argus.schema import RankStep, to_probe_json
 
 REWATCH_S = 60.0  # how long a pid that ran exec is watched for its new program to map the libraries
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -494,7 +496,7 @@ class Prober:
     def _execed(self, s: sess.Session, pid: int) -> None:
         """The pid runs a new program: its old image's steps are flushed, then it is a new target."""
         s.remove(pid)
-        self._output(s.steps())  # the old image's tail
+        self._output(s.rank_steps())  # the old image's tail
         s.forget(pid)
         self.views.pop(pid, None)
         self._say(f"pid {pid} ran exec ({identity.cmdline(pid)[:60]}): tracing it as a new program")
@@ -552,7 +554,7 @@ class Prober:
         self._warn_drops(s)
         if self.gpu is not None:
             self.gpu.sample()
-        steps = s.steps()
+        steps = s.rank_steps()
         for t, old in s.take_identity_changes():
             new = t.identity
             v = self.views.get(t.pid)
@@ -575,17 +577,19 @@ class Prober:
 
             Console(width=200).print(table)
 
-    def _output(self, steps: List[dict]) -> None:
-        for step in steps:
-            if self.gpu is not None and step.get("pid") is not None:
-                g = self.gpu.for_pid(step["pid"])
+    def _output(self, steps: List[RankStep]) -> None:
+        for rs in steps:
+            if self.gpu is not None:
+                g = self.gpu.for_pid(rs.pid)
                 if g is not None:
-                    step["gpu"] = g
-            v = self.views.get(step["pid"])
+                    rs.gpu = gpu_compact(g)
+                    if rs.detail is not None:
+                        rs.detail.gpu = g  # --json prints the whole sample
+            v = self.views.get(rs.pid)
             if v is not None:
-                v.update(step)
+                v.update(rs)
             if self.o.as_json:
-                sys.stdout.write(json.dumps(step, separators=(",", ":")) + "\n")
+                sys.stdout.write(json.dumps(to_probe_json(rs), separators=(",", ":")) + "\n")
         sys.stdout.flush()
         if self.redis is not None:
             self.redis.steps(steps)
@@ -598,7 +602,7 @@ class Prober:
             for pid in list(s.targets):
                 s.remove(pid)
             s.drain()
-            self._output(s.steps())
+            self._output(s.rank_steps())
             if s.health.drops:
                 self._say(f"dropped records: {s.health.drops} — raise --ringbuf-pages or lower --interval")
             lo = s.health.left_out

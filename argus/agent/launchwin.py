@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, List, Optional, Tuple
 
+from argus.schema import RankStep, probe_span
+
 ATTACH, DETACH = "attach", "detach"
 MAX_OPEN_NS = 60_000_000_000  # a window open this long closes, steps or not
 
@@ -87,23 +89,26 @@ class LaunchWindows:
         self.next_open_ns = now_ns + (now_ns - self.opened_ns) * (self.period - self.on) // self.on
         self.opened_ns = None
 
-    def label(self, steps: Iterable[dict]) -> None:
+    def label(self, steps: Iterable[RankStep]) -> None:
         """Say in each step summary whether its launches were counted whole (`sampled`); a step the
         probes did not cover whole loses its launch data, which would be short."""
-        for d in steps:
-            if "start_ns" in d and "end_ns" in d and self.sampled(d["start_ns"], d["end_ns"]):
-                if "launches" in d.get("cuda", {}):
-                    d["cuda"]["launches"]["sampled"] = True
+        for rs in steps:
+            if self.sampled(*probe_span(rs)):
+                rs.launches_sampled = True
+                if rs.detail is not None:
+                    rs.detail.cuda.sampled_said = True
             else:
-                mark_unsampled(d)
+                mark_unsampled(rs)
 
 
-def mark_unsampled(d: dict) -> None:
+def mark_unsampled(rs: RankStep) -> None:
     """Launch data of a step the launch probes did not cover whole: dropped, and said so."""
-    cu = d.get("cuda")
-    if cu is not None and "launches" in cu:
-        cu["launches"] = {"total": 0, "by_kernel": {}, "api_ns_log2_hist": {}, "sampled": False}
-    py = d.get("python")
+    rs.launches, rs.kernels, rs.launches_sampled = 0, {}, False
+    if rs.detail is None:
+        return
+    rs.detail.cuda.launch_hist = {}
+    rs.detail.cuda.sampled_said = True
+    py = rs.detail.sections.get("python")
     if py is not None:
         py.pop("gpu_phases", None)  # timers are labelled by the walks at launches
         for calls in py.get("calls", {}).values():

@@ -17,7 +17,7 @@ from argus.agent import clock
 from argus.agent.session import Session
 from argus.probes import libnccl
 from argus.redisconf import RedisConf
-from argus.schema import OPS, P2P, Heartbeat, InFlight, from_probe
+from argus.schema import OPS, P2P, Heartbeat, InFlight, RankStep
 from argus.transport import HB_INTERVAL_S, Publisher
 
 COLLECTIVES = frozenset(op for op in OPS if op not in P2P)
@@ -107,22 +107,14 @@ class RedisOut:
         self.say = say
         self.pub = Publisher(conf, self.agent, buffer_max=buffer_max, maxlen=maxlen, on_event=say)
         self.next_hb = 0.0
-        self.convert_errors = 0
 
     def start(self) -> RedisOut:
         self.pub.start()
         return self
 
-    def steps(self, steps: List[dict]) -> None:
-        for d in steps:
-            try:
-                rs = from_probe(d)
-            except (KeyError, TypeError, ValueError, AttributeError) as e:
-                self.convert_errors += 1
-                if self.convert_errors == 1:
-                    self.say(f"redis: cannot convert a step of pid {d.get('pid')}: {type(e).__name__}: {e}")
-                continue
-            self.pub.publish_step(rs)
+    def steps(self, steps: List[RankStep]) -> None:
+        for rs in steps:
+            self.pub.publish_step(rs)  # the agent's own RankStep: its detail stays here (argus.wire)
 
     def tick(self, s: Session, force: bool = False) -> None:
         now = time.monotonic()
@@ -130,7 +122,6 @@ class RedisOut:
             return
         self.next_hb = now + HB_INTERVAL_S
         for hb in heartbeats(s, self.agent, self.host):
-            hb.health["convert_errors"] = self.convert_errors
             self.pub.publish_heartbeat(hb)
 
     def footer(self) -> str:
@@ -138,5 +129,4 @@ class RedisOut:
 
     def close(self) -> str:
         self.pub.close()
-        extra = f", {self.convert_errors} step(s) not convertible" if self.convert_errors else ""
-        return self.pub.summary() + extra
+        return self.pub.summary()

@@ -1,4 +1,4 @@
-"""The live per-rank summary of `argus probe` (pure: views in, a rich renderable out)."""
+"""The live per-rank summary of `argus probe` (pure: views of RankSteps in, a rich renderable out)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from argus.plain import plain
+from argus.schema import RankStep, error_channel
 
 
 def fmt_bytes(n: float) -> str:
@@ -40,42 +41,43 @@ class RankView:
     rank: int
     host: str
     steps: int = 0
-    last: Optional[dict] = None
-    launched: Optional[dict] = None  # the latest step whose launches were probed
+    last: Optional[RankStep] = None
+    launched: Optional[RankStep] = None  # the latest step whose launches were probed
     durations: Deque[int] = field(default_factory=lambda: deque(maxlen=20))
     waits: Deque[int] = field(default_factory=lambda: deque(maxlen=20))
     exited: bool = False
 
-    def update(self, step: dict) -> None:
-        if step.get("step") is None:  # a tail record after exit: not a step
+    def update(self, rs: RankStep) -> None:
+        if rs.step is None:  # a tail record after exit: not a step
             return
         self.steps += 1
-        self.last = step
-        if step["cuda"]["launches"].get("sampled", True):  # --launch-steps: the latest sampled step
-            self.launched = step
-        self.durations.append(step["duration_ns"])
-        self.waits.append(step["cuda"]["sync"]["wait_ns"])
+        self.last = rs
+        if rs.launches_sampled:  # --launch-steps: the latest sampled step
+            self.launched = rs
+        self.durations.append(rs.duration_ns)
+        self.waits.append(rs.sync_wait_ns)
 
 
-def _top_collective(step: dict) -> str:
-    ops = step["nccl"]["ops"]
+def _top_collective(rs: RankStep) -> str:
+    ops = rs.detail.nccl.ops if rs.detail is not None else {}
     if not ops:
         return "-"
-    op, o = max(ops.items(), key=lambda kv: kv[1]["bytes"])
-    return f"{op} ×{o['count']} {fmt_bytes(o['bytes'])}"
+    op, o = max(ops.items(), key=lambda kv: kv[1].nbytes)
+    return f"{op} ×{o.count} {fmt_bytes(o.nbytes)}"
 
 
-def _top_kernels(step: dict, n: int = 2) -> str:
-    by = step["cuda"]["launches"]["by_kernel"]
-    return ", ".join(f"{k} ×{v}" for k, v in list(by.items())[:n]) or "-"
+def _top_kernels(rs: RankStep, n: int = 2) -> str:
+    return ", ".join(f"{k} ×{v}" for k, v in list(rs.kernels.items())[:n]) or "-"
 
 
-def _errors(step: dict) -> str:
-    parts = []
-    for chan in ("cuda", "nccl"):
-        for call, codes in step[chan]["errors"].items():
-            for code, c in codes.items():
-                parts.append(f"{call}={code}×{c}")
+def _errors(rs: RankStep) -> str:
+    # the driver's and NCCL's: what `--json` prints in its `cuda` and `nccl` sections
+    parts = [
+        f"{call}={code}×{c}"
+        for call, codes in rs.errors.items()
+        if error_channel(call) != "cudart"
+        for code, c in codes.items()
+    ]
     return ", ".join(parts[:2]) + ("…" if len(parts) > 2 else "") if parts else "-"
 
 
@@ -120,10 +122,10 @@ def render(
             rank,
             str(v.pid),
             plain(v.host),  # the target's own names: never markup (argus/plain.py)
-            str(s["step"]),
+            str(s.step),
             fmt_ns(med),
             f"{fmt_ns(wait)} ({100 * wait / med:.0f}%)" if med else fmt_ns(wait),
-            str(v.launched["cuda"]["launches"]["total"]) if v.launched else "-",
+            str(v.launched.launches) if v.launched else "-",
             _top_collective(s),
             plain(_top_kernels(v.launched)) if v.launched else "-",
             _errors(s),

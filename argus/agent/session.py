@@ -31,6 +31,7 @@ from argus.errors import ArgusError
 from argus.probes import cpython, libnccl
 from argus.probes.base import Channel, call_channel, call_name
 from argus.probes.records import DecodeError, TargetCfg, decode_from
+from argus.schema import RankStep, to_probe_json
 
 
 @dataclass
@@ -234,29 +235,31 @@ class Session:
             t.final_before = max(t.final_before, final[pid])
         drain.read_drops(self.bpf, targets, self.health.drops)
 
-    def steps(self) -> List[dict]:
+    def rank_steps(self) -> List[RankStep]:
         """Complete steps of every target since the last call."""
         self.identities.learn(self.targets)
         wall, err = clock.wall_offset()
-        out: List[dict] = []
+        out: List[RankStep] = []
         for t in self.targets.values():
-            out.extend(t.tracker.finalize(t.final_before, wall))
+            out.extend(t.tracker.finalize_steps(t.final_before, wall, err))
             self.health.left_out.update(t.tracker.take_left_out())
             if t.alive:
                 drain.ask_samples(self.bpf, t.pid, t.tracker.take_samples())
             if not t.alive and not t.flushed:
                 t.flushed = True
-                tail = t.tracker.flush_tail(wall)
+                tail = t.tracker.flush_tail_step(wall, err)
                 if tail is not None:
                     out.append(tail)
-        for d in out:
-            d["wall_offset_err_ns"] = err
         windows = self.attacher.windows
         if windows is not None:
             windows.label(out)
-            windows.observe(d["duration_ns"] for d in out if d["step"] is not None)
+            windows.observe(rs.duration_ns for rs in out if rs.step is not None)
             self.attacher.poll_windows()
         return out
+
+    def steps(self) -> List[dict]:
+        """`rank_steps` as the `--json` objects (argus.schema.to_probe_json)."""
+        return [to_probe_json(rs) for rs in self.rank_steps()]
 
     def inflight(self) -> List[dict]:
         """Calls entered and not returned (what a hung rank is blocked in)."""

@@ -2,7 +2,8 @@
 
 Pure: it never touches BPF, so it is tested by feeding records. The session feeds ring-buffer
 records as they arrive (`on_record`) and drained map contents (`add_*`), then calls
-`finalize(final_before)` once every epoch below `final_before` is complete.
+`finalize_steps(final_before)` once every epoch below `final_before` is complete: RankSteps with
+their probe detail (argus.schema; `to_probe_json` is what `--json` prints).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import functools
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from argus.agent.gpuarrive import GpuArrival
 from argus.agent.identity import Identity
@@ -32,8 +33,22 @@ from argus.probes.records import (
     RecSync,
 )
 from argus.probes.stepfn import STEP_MARKER
+from argus.schema import (
+    MEMCPY_KINDS,
+    CudaDetail,
+    ProbeDetail,
+    RankStep,
+    StepPeriod,
+    Timer,
+    errors_from_probe,
+    gpu_arrival_from_probe,
+    nccl_from_probe,
+    python_phases,
+    step_phases,
+    stream_ordinals,
+    to_probe_json,
+)
 
-SCHEMA = 1
 FNV_OFFSET = 0xCBF29CE484222325
 MAX_PENDING_EPOCHS = 4096
 _STEP_MARKER = call_id(STEP_MARKER)
@@ -133,6 +148,15 @@ def _add_group_waits(grouped: List[Tuple[int, int, list]], ends: List[RecNccl]) 
 
 def _ms(bits: int) -> float:
     return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+class _Cuda(NamedTuple):
+    """The driver channel's part of a step: RankStep fields and the probe's detail."""
+
+    kernels: Dict[str, int]
+    memcpy: Dict[str, Tuple[int, int]]
+    errors: Dict[str, Dict[int, int]]
+    detail: CudaDetail
 
 
 class RankTracker:
@@ -402,13 +426,19 @@ class RankTracker:
         )
 
     def finalize(self, final_before: int, wall_offset_ns: int = 0) -> List[dict]:
+        """`finalize_steps` as the `--json` objects (argus.schema.to_probe_json)."""
+        return [to_probe_json(rs) for rs in self.finalize_steps(final_before, wall_offset_ns)]
+
+    def finalize_steps(
+        self, final_before: int, wall_offset_ns: int = 0, wall_offset_err_ns: int = 0
+    ) -> List[RankStep]:
         """Cut every step whose epochs are all below `final_before`; return their summaries."""
         for e in range(self.next_epoch, final_before):
             self.detector.add(self._sig(e))
             self.queue.append(e)
             self._provisional_samples(e)
         self.next_epoch = max(self.next_epoch, final_before)
-        out: List[dict] = []
+        out: List[RankStep] = []
         if self.detector.period is None and not self.detector.step_fn:
             while len(self.queue) > MAX_PENDING_EPOCHS:  # no period yet: bound what we keep
                 self._sigs.pop(self.queue[0], None)
@@ -421,7 +451,7 @@ class RankTracker:
             if not self.detector.is_boundary(self._sig(e)):
                 continue
             if self.last_boundary is not None:
-                out.append(self.summarize(keep, wall_offset_ns))
+                out.append(self.summarize(keep, wall_offset_ns, wall_offset_err_ns))
             self.last_boundary_sync = self.epoch(e).sync  # before `e` (in `keep`) is forgotten
             for x in keep:
                 if self.last_boundary is not None:
@@ -450,6 +480,11 @@ class RankTracker:
         return out
 
     def flush_tail(self, wall_offset_ns: int = 0) -> Optional[dict]:
+        """`flush_tail_step` as the `--json` object (argus.schema.to_probe_json)."""
+        rs = self.flush_tail_step(wall_offset_ns)
+        return None if rs is None else to_probe_json(rs)
+
+    def flush_tail_step(self, wall_offset_ns: int = 0, wall_offset_err_ns: int = 0) -> Optional[RankStep]:
         """After the process exited: what was never part of a complete step (or of any step, when
         no period was found) as one record with step None and step_source "tail"."""
         rest = sorted(set(self.queue) | {e for e in self.epochs if e >= self.next_epoch})
@@ -461,16 +496,16 @@ class RankTracker:
             not any(e in self.epochs for e in rest) and not any(sec.epochs() for sec in self.sections)
         ):
             return None
-        out = self.summarize(rest, wall_offset_ns)
-        out["step"], out["step_source"] = None, "tail"
+        out = self.summarize(rest, wall_offset_ns, wall_offset_err_ns)
+        out.step, out.step_source = None, "tail"
         for e in rest:
             self.epochs.pop(e, None)
         return out
 
     # ---- summaries -----------------------------------------------------------------------------------
 
-    def summarize(self, epochs: List[int], wall_offset_ns: int = 0) -> dict:
-        """One step as the documented JSON object (docs/probe.md)."""
+    def summarize(self, epochs: List[int], wall_offset_ns: int = 0, wall_offset_err_ns: int = 0) -> RankStep:
+        """One step: its RankStep, with the detail `--json` prints (docs/probe.md)."""
         data = [self.epochs.get(e) or EpochData() for e in epochs]
         start_sync = self.last_boundary_sync
         end_sync = data[-1].sync
@@ -501,27 +536,51 @@ class RankTracker:
             {(self.comms.get(h) or CommInfo(h, -1, -1, "inferred")).key: v for h, v in colls.items()},
         )
         self._want_samples(colls)
-        return {
-            "schema": SCHEMA,
-            **self.id.as_dict(),
-            "step": step,
-            "step_source": source,
-            "start_ns": start_ns,
-            "end_ns": end_ns,
-            "duration_ns": max(0, end_ns - start_ns),
-            "wall_offset_ns": wall_offset_ns,
-            "period": {
-                "syncs_per_step": det.length if det else None,
-                "confidence": round(det.confidence, 3) if det else None,
-                "source": det.source if det else None,
-            },
-            "cuda": self._cuda(data),
-            "cudart": self._cudart(data),
-            "nccl": self._nccl(data),
-            **({"drops": drops} if drops else {}),
-            **({"gpu_arrival": gpu_arrival} if gpu_arrival else {}),
-            **self._sections(epochs, data),
-        }
+        cuda = self._cuda(data)
+        cuda.detail.runtime_calls, rt_errors = self._cudart(data)
+        nccl = self._nccl(data)
+        comms, nccl_detail = nccl_from_probe(nccl, wall_offset_ns)
+        sections = self._sections(epochs, data)
+        duration = max(0, end_ns - start_ns)
+        wait = sum(w for _c, w in cuda.detail.sync_by_call.values())
+        ident = self.id
+        return RankStep(
+            job=ident.job,
+            rank=ident.rank,
+            host=ident.host,
+            pid=ident.pid,
+            step=step,
+            start_ns=start_ns + wall_offset_ns,
+            duration_ns=duration,
+            local_rank=ident.local_rank,
+            world_size=ident.world_size,
+            step_source=source,
+            clock_offset_ns=wall_offset_ns,
+            clock_uncertainty_ns=wall_offset_err_ns,
+            sync_count=sum(c for c, _w in cuda.detail.sync_by_call.values()),
+            sync_wait_ns=wait,
+            phases=step_phases(cuda.detail.timers, wait, duration),
+            launches=sum(cuda.kernels.values()),
+            kernels=cuda.kernels,
+            memcpy=cuda.memcpy,
+            # one errors map, by channel as --json prints them (argus.schema.error_channel)
+            errors={**cuda.errors, **rt_errors, **errors_from_probe(nccl["errors"])},
+            comms=comms,
+            drops=drops,
+            phase_stream=stream_ordinals(cuda.detail.timers),
+            py_phases=python_phases(sections.get("python")),
+            gpu_arrival=gpu_arrival_from_probe(gpu_arrival, wall_offset_ns),
+            detail=ProbeDetail(
+                ns_pid=ident.ns_pid,
+                rank_from=ident.rank_from,
+                identity_why=ident.describe(),
+                end_ns=end_ns if end_ns != start_ns + duration else None,
+                period=StepPeriod(det.length, round(det.confidence, 3), det.source) if det else StepPeriod(),
+                cuda=cuda.detail,
+                nccl=nccl_detail,
+                sections=sections,
+            ),
+        )
 
     def _sections(self, epochs: List[int], data: List[EpochData]) -> Dict[str, Any]:
         timers = [el for d in data for el in d.elapsed]
@@ -654,11 +713,11 @@ class RankTracker:
         out, self._sample_new = self._sample_new, []
         return out
 
-    def _cuda(self, data: List[EpochData]) -> dict:
+    def _cuda(self, data: List[EpochData]) -> _Cuda:
         launches: Counter = Counter()
         hist: Counter = Counter()
         mem: Dict[str, List[int]] = {}
-        errors: Dict[str, Dict[str, int]] = {}
+        errors: Dict[str, Dict[int, int]] = {}
         sync_by: Dict[str, List[int]] = {}
         timers = []
         event_records = 0
@@ -672,8 +731,8 @@ class RankTracker:
                 m[1] += b
             for (call, res), c in d.errors.items():
                 if call_channel(call) == "cuda":  # one errors map for every channel: the driver's here
-                    name = call_name(call)
-                    errors.setdefault(name, {})[str(res)] = errors.get(name, {}).get(str(res), 0) + c
+                    per = errors.setdefault(call_name(call), {})
+                    per[res] = per.get(res, 0) + c
             if d.sync is not None:
                 s = sync_by.setdefault(call_name(d.sync.h.call), [0, 0])
                 s[0] += 1
@@ -681,54 +740,36 @@ class RankTracker:
             for el in d.elapsed:
                 if el.result == 0:
                     timers.append(
-                        {
-                            "ms": _ms(el.ms_bits),
-                            "start_event": f"{el.start_ev:#x}",
-                            "end_event": f"{el.end_ev:#x}",
-                            "stream": f"{self.event_stream.get(el.end_ev, 0):#x}",
-                        }
+                        Timer(_ms(el.ms_bits), el.start_ev, el.end_ev, self.event_stream.get(el.end_ev, 0))
                     )
             event_records += d.event_records
-        total_launch = sum(launches.values())
-        return {
-            "launches": {
-                "total": total_launch,
-                "by_kernel": dict(launches.most_common()),
-                "api_ns_log2_hist": {str(k): v for k, v in sorted(hist.items())},
-            },
-            "sync": {
-                "count": sum(v[0] for v in sync_by.values()),
-                "wait_ns": sum(v[1] for v in sync_by.values()),
-                "by_call": {k: {"count": c, "wait_ns": w} for k, (c, w) in sync_by.items()},
-            },
-            "memcpy": {
-                k: {"count": c, "bytes": b}
-                for k, (c, b) in mem.items()
-                if k in ("HtoD", "DtoH", "DtoD", "memset")
-            },
-            "memory": {
-                k: {"count": c, "bytes": b} for k, (c, b) in mem.items() if k.startswith(("alloc", "free"))
-            },
-            "timers": timers,
-            "event_records": event_records,
-            "errors": errors,
-        }
+        return _Cuda(
+            kernels=dict(launches.most_common()),
+            memcpy={k: (c, b) for k, (c, b) in mem.items() if k in MEMCPY_KINDS},
+            errors=errors,
+            detail=CudaDetail(
+                launch_hist=dict(sorted(hist.items())),
+                sync_by_call={k: (c, w) for k, (c, w) in sync_by.items()},
+                memory={k: (c, b) for k, (c, b) in mem.items() if k.startswith(("alloc", "free"))},
+                timers=timers,
+                event_records=event_records,
+            ),
+        )
 
-    def _cudart(self, data: List[EpochData]) -> dict:
+    def _cudart(self, data: List[EpochData]) -> Tuple[Dict[str, int], Dict[str, Dict[int, int]]]:
         """CUDA runtime calls (libcudart): how often each ran and its non-zero results. Launches,
         copies and syncs are reported under "cuda" (the driver channel sees them too)."""
         calls: Counter = Counter()
-        errors: Dict[str, Dict[str, int]] = {}
+        errors: Dict[str, Dict[int, int]] = {}
         for d in data:
             for call, c in d.calls.items():
                 if call_channel(call) == "cudart":
                     calls[call_name(call)] += c
             for (call, res), c in d.errors.items():
                 if call_channel(call) == "cudart":
-                    name = call_name(call)
-                    per = errors.setdefault(name, {})
-                    per[str(res)] = per.get(str(res), 0) + c
-        return {"calls": dict(calls), "errors": errors}
+                    per = errors.setdefault(call_name(call), {})
+                    per[res] = per.get(res, 0) + c
+        return dict(calls), errors
 
     def _nccl(self, data: List[EpochData]) -> dict:
         ops: Dict[str, Dict[str, int]] = {}
