@@ -146,6 +146,31 @@ def _add_group_waits(grouped: List[Tuple[int, int, list]], ends: List[RecNccl]) 
         last[5] += max(0, g.h.ts - max(posted, g.enter_ns))
 
 
+def _add_op(ops: Dict[str, Dict[str, int]], op: str, count: int, nbytes: int, host_ns: int) -> None:
+    """`nccl.ops[op]` of a summary: `count` more operations of `nbytes` and `host_ns` in all."""
+    o = ops.get(op)
+    if o is None:
+        o = ops[op] = {"count": 0, "bytes": 0, "host_ns": 0}
+    o["count"] += count
+    o["bytes"] += nbytes
+    o["host_ns"] += host_ns
+
+
+def _comm_entry(comms: Dict[str, dict], info: CommInfo, seq: int) -> dict:
+    """`nccl.comms[key]` of a summary, made at its first operation (sequence number `seq`)."""
+    cm = comms.get(info.key)
+    if cm is None:
+        cm = comms[info.key] = {
+            "nranks": info.nranks,
+            "rank": info.rank,
+            "identity": info.source,
+            "ops": 0,
+            "first_seq": seq,
+            "last_seq": seq,
+        }
+    return cm
+
+
 def _ms(bits: int) -> float:
     return struct.unpack("<f", struct.pack("<I", bits))[0]
 
@@ -637,24 +662,10 @@ class RankTracker:
         for d in data:
             for (handle, call, dtype), (count, elems, host, first, _enter, _exit) in d.colls.items():
                 op = _op_of(call)
-                o = ops.get(op)
-                if o is None:
-                    o = ops[op] = {"count": 0, "bytes": 0, "host_ns": 0}
-                o["count"] += count
-                o["bytes"] += elems * _DTYPE_SIZE.get(dtype, 0)
-                o["host_ns"] += host
+                _add_op(ops, op, count, elems * _DTYPE_SIZE.get(dtype, 0), host)
                 info = self.comms.get(handle) or CommInfo(handle, -1, -1, "inferred")
                 key = info.key
-                cm = comms.get(key)
-                if cm is None:
-                    cm = comms[key] = {
-                        "nranks": info.nranks,
-                        "rank": info.rank,
-                        "identity": info.source,
-                        "ops": 0,
-                        "first_seq": first,
-                        "last_seq": first,
-                    }
+                cm = _comm_entry(comms, info, first)
                 cm["ops"] += count
                 if call not in P2P_CALLS:
                     f, n = firsts.get(key, (first, 0))
@@ -794,22 +805,8 @@ class RankTracker:
                 key = info.key
                 seq = n.seq
                 if not sums:
-                    o = ops.get(op)
-                    if o is None:
-                        o = ops[op] = {"count": 0, "bytes": 0, "host_ns": 0}
-                    o["count"] += 1
-                    o["bytes"] += nbytes
-                    o["host_ns"] += host_ns
-                    cm = comms.get(key)
-                    if cm is None:
-                        cm = comms[key] = {
-                            "nranks": info.nranks,
-                            "rank": info.rank,
-                            "identity": info.source,
-                            "ops": 0,
-                            "first_seq": seq,
-                            "last_seq": seq,
-                        }
+                    _add_op(ops, op, 1, nbytes, host_ns)
+                    cm = _comm_entry(comms, info, seq)
                     cm["ops"] += 1
                     if op != "Send" and op != "Recv":
                         if seq < cm["first_seq"]:
