@@ -427,3 +427,17 @@ def test_no_tail_when_the_sections_hold_only_epochs_already_out() -> None:
     t.sections.append(Section())
     t.next_epoch = 5
     assert t.flush_tail() is None
+
+
+def test_an_epoch_never_closed_keeps_a_bounded_number_of_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No host sync ever closes the epoch (a job that never syncs, or `--no-cuda`): the records
+    kept for it stop at the limit, the rest are counted in the process's drops, never silent."""
+    from argus.agent import tracker as tr
+
+    monkeypatch.setattr(tr, "MAX_EPOCH_RECORDS", 10)
+    t = make_tracker()
+    for i in range(15):
+        t.on_record(nccl_rec(0, 0xC0, i, 1000 * (i + 1)))
+    assert len(t.epochs[0].nccl) == 10
+    assert t.drops_total == {tr.NOT_KEPT: 5}
+    assert t.arrive.colls[0] and len(t.arrive.colls[0]) == 10  # the GPU-arrival side is bounded too

@@ -51,6 +51,11 @@ from argus.schema import (
 
 FNV_OFFSET = 0xCBF29CE484222325
 MAX_PENDING_EPOCHS = 4096
+# collective records kept per epoch at most. An epoch that never closes (no host sync: a job that
+# never syncs, or `--no-cuda`) kept every record for as long as the agent ran (400 MB in a minute at
+# tensor-parallel rates); past this the records are counted as not kept (the step's sums stay exact)
+MAX_EPOCH_RECORDS = 1 << 17
+NOT_KEPT = "records kept per epoch (limit)"
 _STEP_MARKER = call_id(STEP_MARKER)
 GROUP_END = call_id("ncclGroupEnd")
 _STREAM_SYNC = call_id("cuStreamSynchronize")
@@ -253,7 +258,11 @@ class RankTracker:
                 if not r.flags & NCCL_F_IN_GROUP:  # the outermost: where a group's operations ran
                     self.epoch(h.epoch).group_ends.append(r)
                 return
-            self.epoch(h.epoch).nccl.append(r)
+            kept = self.epoch(h.epoch).nccl
+            if len(kept) >= MAX_EPOCH_RECORDS:
+                self.drops_total[NOT_KEPT] = self.drops_total.get(NOT_KEPT, 0) + 1
+                return
+            kept.append(r)
             comm = r.comm
             self.called.add(comm)
             info = self.comms.get(comm)
