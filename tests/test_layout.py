@@ -56,7 +56,7 @@ int fill(struct pt_regs *ctx) {{
 
 
 def test_records_decode_from_the_ring_memory_as_from_bytes() -> None:
-    """decode_from (the agent's path: the ring's memory map at an offset, one copy) gives what
+    """decode_from (the agent's path: bcc's ring memory at an offset, one copy) gives what
     decode(bytes) gives, and refuses what decode refuses."""
     from argus.probes import records as R
 

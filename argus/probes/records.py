@@ -407,7 +407,7 @@ _KIND = struct.Struct("<I")
 
 
 def decode_from(buf: Any, off: int, size: int) -> Record:
-    """The record of `size` bytes at `off` of `buf` (the ring's memory map: argus/agent/ringread.py)
+    """The record of `size` bytes at `off` of `buf` (bcc's ring callback memory, at an address)
     as its mirror struct, copied once."""
     if size < _HDR:
         raise DecodeError(f"short record ({size} bytes)")
