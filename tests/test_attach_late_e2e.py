@@ -163,24 +163,31 @@ def test_hang_after_attach_names_the_collective() -> None:
     assert all(isinstance(x, (RankStep, Heartbeat)) for x in c.items)
 
 
-def test_straggler_named_from_every_nth_collective(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The issue's case with the agent keeping at most 4 collective records per communicator and
-    step (`--coll-records`, default 64: the `tp` preset's 3,200 a rank-step become 64): BPF records
-    every 6th of the job's 24 all-reduces, the same ones on every rank whenever its agent attached,
-    and counts the rest; the straggler is still named, alone, as soon."""
-    monkeypatch.setenv("ARGUS_PROBE_COLL_RECORDS", "4")
-    c = collect_late("sim", 8, 600, "dp", ["straggler:rank=5,factor=1.35"], 40, 10)
+# (family, steps, attach at, collective records kept per communicator-step): the simulator's 24
+# all-reduces a step become every 6th, the stand-ins' 4 every 2nd
+NTH = [("sim", 600, 40, 4), ("standins", 250, 10, 2)]
+
+
+@pytest.mark.parametrize("fam, steps, at, keep", NTH, ids=[n[0] for n in NTH])
+def test_straggler_named_from_every_nth_collective(
+    monkeypatch: pytest.MonkeyPatch, fam: str, steps: int, at: int, keep: int
+) -> None:
+    """The issue's case with the agent keeping fewer collective records per communicator and step
+    than the job issues (`--coll-records`, default 64: the `tp` preset's 3,200 a rank-step become
+    64): BPF records every n-th, the same ones on every rank whenever its agent attached, and
+    counts the rest; the straggler is still named, alone, as soon. Both families of stand-ins."""
+    monkeypatch.setenv("ARGUS_PROBE_COLL_RECORDS", str(keep))
+    c = collect_late(fam, 8, steps, "dp", ["straggler:rank=5,factor=1.35"], at, 10)
     sampled = [rs for rs in c.steps if any(x.count > len(x.seqs) for x in rs.comms.values())]
     assert len({rs.rank for rs in sampled}) == 8, "not every rank's collectives were sampled"
     # one step's instances are the same positions on every rank: the aggregator matches them
-    at: Dict[Tuple[Optional[int], str], set] = {}
+    pos: Dict[Tuple[Optional[int], str], set] = {}
     for rs in sampled:
         for key, x in rs.comms.items():
             if x.count > len(x.seqs):
-                at.setdefault((trainer_step(c, rs), key), set()).add(tuple(s - x.first_seq for s in x.seqs))
-    assert all(len(v) == 1 for v in at.values()), at
-    assert {len(next(iter(v))) for v in at.values()} == {4}, at
-    _eng, fired = judge(c, families.PHASES["sim"])
+                pos.setdefault((trainer_step(c, rs), key), set()).add(tuple(s - x.first_seq for s in x.seqs))
+    assert all(len(v) == 1 for v in pos.values()), pos
+    _eng, fired = judge(c, families.PHASES[fam])
     got = [(a.kind, a.ranks, s) for a, s in fired]
     assert fired and (fired[0][0].kind, fired[0][0].ranks) == ("straggler", [5]), got
     seen = min(s for s in (trainer_step(c, rs) for rs in c.items if rs.rank == 5) if s is not None)
