@@ -22,7 +22,6 @@ from argus.probes.records import (
     NCCL_F_IN_GROUP,
     RecCommInit,
     RecElapsed,
-    RecEventRecord,
     RecFuncName,
     RecNccl,
     RecNetSend,
@@ -50,6 +49,7 @@ def _nccl(
 ) -> RecNccl:
     r = RecNccl(comm=comm, seq=seq, count=count, dtype=9, peer=peer, flags=flags, enter_ns=enter)
     r.stream = NCCL_STREAM
+    r.pos = enter  # places on streams (BPF counts them) need only be in enqueue order
     return _hdr(r, call, epoch, enter + 5_000)
 
 
@@ -134,16 +134,25 @@ def feed_epoch(t: RankTracker, e: int, split: bool = False, close: bool = True) 
     t.add_error(e, call_id("ncclAllReduce"), 3, 1)
     t.add_call(e, call_id("cudaMalloc"), 4)
     t.add_call(e, call_id("ncclCommDestroy"), 1)
-    for ev, stream, ts in ((0xE0, STREAM, base + 10), (0xE1, STREAM, base + 500), (0xE2, SIDE, base + 600)):
-        t.on_record(_hdr(RecEventRecord(event=ev, stream=stream), "cuEventRecord", e, ts))
+    # three event recordings: BPF counts them and keeps them for the records that refer to them
+    t.add_call(e, call_id("cuEventRecord"), 3)
+    marks = {
+        0xE0: (STREAM, base + 10, base + 10),
+        0xE1: (STREAM, base + 500, base + 500),
+        0xE2: (SIDE, base + 600, base + 600),
+    }
     for sec in t.sections:
         sec.add(e, 1_000 + e)
     if not close:
         return
-    sync = RecSync(enter_ns=base + 500_000, handle=NCCL_STREAM, result=0, bytes_kind=0xFFFFFFFF)
+    sync = RecSync(
+        enter_ns=base + 500_000, handle=NCCL_STREAM, result=0, bytes_kind=0xFFFFFFFF, pos=base + 500_000
+    )
     t.on_record(_hdr(sync, "cuStreamSynchronize", e, base + 900_000))
     for start, end_ev, ms in ((0xE0, 0xE1, 1.5), (0xE1, 0xE2, 0.25)):  # read after the step's sync
-        el = RecElapsed(start_ev=start, end_ev=end_ev, ms_bits=_ms_bits(ms))
+        (s0, p0, t0), (s1, p1, t1) = marks[start], marks[end_ev]
+        el = RecElapsed(start_ev=start, end_ev=end_ev, ms_bits=_ms_bits(ms), start_stream=s0, start_pos=p0)
+        el.start_ns, el.end_stream, el.end_pos, el.end_ns, el.end_epoch = t0, s1, p1, t1, e
         t.on_record(_hdr(el, "cuEventElapsedTime", e + 1, base + 950_000))
 
 
@@ -169,7 +178,9 @@ def run(finalize: Finalize, tail: Tail) -> List[Any]:
     for e in range(8):
         base = 10_000_000 * (e + 1)
         t.on_record(_nccl("ncclAllReduce", e, OTHER, 40 + e, base))
-        sync = RecSync(enter_ns=base + 500_000, handle=NCCL_STREAM, result=0, bytes_kind=0xFFFFFFFF)
+        sync = RecSync(
+            enter_ns=base + 500_000, handle=NCCL_STREAM, result=0, bytes_kind=0xFFFFFFFF, pos=base + 500_000
+        )
         t.on_record(_hdr(sync, "cuStreamSynchronize", e, base + 900_000))
     out += finalize(t, 8)
     t.sections[0].add(9, 500)  # type: ignore[attr-defined]

@@ -21,7 +21,6 @@ from argus.probes.records import (
     CollVal,
     RecCommInit,
     RecElapsed,
-    RecEventRecord,
     RecFuncName,
     RecNccl,
     RecSync,
@@ -118,11 +117,10 @@ def feed_steps(t: RankTracker, steps: int, per_step: int = 4) -> None:
             t.on_record(nccl_rec(e, 0xC0, 1 + e * per_step + i, base + 1000 * i))
         t.add_launches(e, 0xF1, 50)
         t.add_launches(e, 0xF2, 3)
-        ev = RecEventRecord(event=0xE1, stream=0x55)
-        set_hdr(ev, **hdr(3, "cuEventRecord", e, base + 10))
-        t.on_record(ev)
+        t.add_call(e, call_id("cuEventRecord"), 1)  # 0xE1, recorded at base + 10 (BPF keeps it)
         t.on_record(sync_rec(e, base + 500_000, base + 900_000))
         el = RecElapsed(start_ev=0xE0, end_ev=0xE1, ms_bits=struct.unpack("<I", struct.pack("<f", 1.5))[0])
+        el.end_stream, el.end_pos, el.end_ns, el.end_epoch = 0x55, 1 + e, base + 10, e
         set_hdr(el, **hdr(4, "cuEventElapsedTime", e + 1, base + 950_000))  # read after the step's sync
         t.on_record(el)
         t.add_error(e, call_id("cuEventQuery"), 600, 1)
@@ -337,10 +335,7 @@ def test_kernel_names_and_events_remembered_are_bounded() -> None:
         fn = RecFuncName(func=0x1000 + i, result=0, name=b"k%d" % i)
         set_hdr(fn, **hdr(2, "cuModuleGetFunction", 0, 11 + i))
         t.on_record(fn)
-        ev = RecEventRecord(event=0x9000000 + i, stream=0x55)
-        set_hdr(ev, **hdr(3, "cuEventRecord", 0, 11 + i))
-        t.on_record(ev)
-    assert len(t.func_names) == len(t.event_stream) == len(t.event_epoch) == tr.MAX_REMEMBERED
+    assert len(t.func_names) == tr.MAX_REMEMBERED
     assert 0x1000 not in t.func_names and t.func_names[0x1000 + n - 1] == f"k{n - 1}"
 
 

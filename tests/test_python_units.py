@@ -31,7 +31,6 @@ from argus.probes.records import (
     USDT_ARG_MEM,
     USDT_ARG_REG,
     RecElapsed,
-    RecEventRecord,
     RecHdr,
     RecOffcpu,
     RecPyCall,
@@ -190,12 +189,10 @@ def hdr(kind: int, call: str, ts: int, epoch: int = 0, tgid: int = 100, tid: int
     return RecHdr(kind=kind, tgid=tgid, tid=tid, call=call_id(call) if call else 0, ts=ts, epoch=epoch)
 
 
-def mark(call: str, ts: int, stack_id: int, aux: int = 0, weight: int = 1, epoch: int = 0) -> RecPyMark:
-    return RecPyMark(h=hdr(7, call, ts, epoch), stack=stack_id, aux=aux, weight=weight)
-
-
-def event_record(ts: int, event: int) -> RecEventRecord:
-    return RecEventRecord(h=hdr(3, "cuEventRecord", ts), event=event, stream=0)
+def mark(
+    call: str, ts: int, stack_id: int, aux: int = 0, weight: int = 1, epoch: int = 0, events: int = 0
+) -> RecPyMark:
+    return RecPyMark(h=hdr(7, call, ts, epoch), stack=stack_id, aux=aux, weight=weight, events=events)
 
 
 def make_section() -> PythonSection:
@@ -233,54 +230,47 @@ def test_python_section_phases_threads_stacks_and_calls() -> None:
     assert sec.summarize([5, 6]) is None
 
 
+def timer(read: int, start_ns: int, end_ns: int, ms: float) -> RecElapsed:
+    """A cuEventElapsedTime record: BPF adds the two recordings' times as they were at the read."""
+    bits = int.from_bytes(__import__("struct").pack("<f", ms), "little")
+    t = RecElapsed(h=hdr(4, "", read), start_ev=0xA, end_ev=0xB, ms_bits=bits, result=0)
+    t.start_ns, t.end_ns, t.start_pos, t.end_pos = start_ns, end_ns, 1 if start_ns else 0, 2 if end_ns else 0
+    return t
+
+
 def test_timers_get_the_phase_between_their_events() -> None:
     sec = make_section()
-    sec.on_event_record(event_record(100, 0xA))  # recorded outside the phase (train_step)
-    sec.on_mark(mark("cuLaunchKernel", 110, 1))  # forced walk at the next launch: forward
+    # event recordings at 100 (outside the phase: train_step), 200, 210 and 300; each forces a walk
+    # at its thread's next launch, whose record counts it (BPF: python.bpf.c PY_HIT_EVENT)
+    sec.on_mark(mark("cuLaunchKernel", 110, 1, events=1))  # forward
     sec.on_mark(mark("cuLaunchKernel", 150, 1, weight=16))
-    sec.on_event_record(event_record(200, 0xB))
-    sec.on_event_record(event_record(210, 0xC))
-    sec.on_mark(mark("cuLaunchKernel", 220, 3))
-    sec.on_event_record(event_record(300, 0xD))
+    sec.on_mark(mark("cuLaunchKernel", 220, 3, events=2))  # optimizer
     sec.add_prof(0, 100, 1, PROF_ONCPU, 1, 1)
-    bits = lambda ms: int.from_bytes(__import__("struct").pack("<f", ms), "little")  # noqa: E731
     timers = [
-        RecElapsed(h=hdr(4, "", 400), start_ev=0xA, end_ev=0xB, ms_bits=bits(2.5), result=0),
-        RecElapsed(h=hdr(4, "", 400), start_ev=0xC, end_ev=0xD, ms_bits=bits(1.0), result=0),
-        RecElapsed(
-            h=hdr(4, "", 400), start_ev=0xB, end_ev=0xC, ms_bits=bits(0.5), result=0
-        ),  # nothing inside
-        RecElapsed(
-            h=hdr(4, "", 400), start_ev=0xA, end_ev=0xEE, ms_bits=bits(9.0), result=0
-        ),  # unknown event
+        timer(400, 100, 200, 2.5),
+        timer(400, 210, 300, 1.0),
+        timer(400, 200, 210, 0.5),  # nothing inside
+        timer(400, 100, 0, 9.0),  # an event recorded before we attached: not labelled
     ]
     out = sec.summarize([0], timers)
     assert out is not None
     assert out["gpu_phases"] == {"forward": 2_500_000, "optimizer": 1_000_000, OTHER: 500_000}
-    # an event record takes the phase of the walk it forced (the thread's next launch); the last
-    # one has had no launch since, so it waits
     assert out["calls"] == {
         "forward": {"launches": 17, "event_records": 1},
         "optimizer": {"launches": 1, "event_records": 2},
     }
-    assert sec.pending_events == {100: 1}
 
 
-def test_a_timer_summarized_after_the_next_steps_records_keeps_its_own_interval() -> None:
-    """Under load the agent may summarize a step after the next step's event records arrived: the
-    reused events then have newer records, and the timer must still take the phase between the
-    records that preceded its own read (before, the newest: another phase, or none)."""
+def test_a_timer_summarized_after_the_next_steps_walks_keeps_its_own_interval() -> None:
+    """Under load the agent may summarize a step after the next step's walks arrived: the timer
+    still takes the phase between its own recordings (BPF gives their times at its read, before
+    the next step recorded the same events again)."""
     sec = make_section()
-    bits = lambda ms: int.from_bytes(__import__("struct").pack("<f", ms), "little")  # noqa: E731
-    sec.on_event_record(event_record(100, 0xA))
     sec.on_mark(mark("cuLaunchKernel", 110, 1))  # forward
-    sec.on_event_record(event_record(200, 0xB))
-    timer = RecElapsed(h=hdr(4, "", 250), start_ev=0xA, end_ev=0xB, ms_bits=bits(2.0), result=0)
-    sec.on_event_record(event_record(300, 0xA))  # the next step reuses both events ...
-    sec.on_mark(mark("cuLaunchKernel", 310, 3))  # ... around its optimizer
-    sec.on_event_record(event_record(400, 0xB))
+    t = timer(250, 100, 200, 2.0)
+    sec.on_mark(mark("cuLaunchKernel", 310, 3))  # the next step's optimizer
     sec.add_prof(0, 100, 1, PROF_ONCPU, 1, 1)
-    out = sec.summarize([0], [timer])
+    out = sec.summarize([0], [t])
     assert out is not None and out["gpu_phases"] == {"forward": 2_000_000}, out
 
 

@@ -72,6 +72,7 @@ COUNT_MAPS: Tuple[Tuple[str, Optional[str], Callable[[Any, Any, Any], None]], ..
     ("launches", "cuda", lambda t, k, v: t.tracker.add_launches(k.epoch, k.func, v.value)),
     ("hists", "cuda", lambda t, k, v: t.tracker.add_hist(k.epoch, k.slot, v.value)),
     ("mem", "cuda", lambda t, k, v: t.tracker.add_mem(k.epoch, k.kind, v.count, v.bytes)),
+    ("epoch_syncs", "cuda", lambda t, k, v: t.tracker.add_sync(k.epoch, v)),
     ("colls", "nccl", lambda t, k, v: t.tracker.add_colls(k, v)),
     ("errors", None, lambda t, k, v: t.tracker.add_error(k.epoch, k.call, k.result, v.value)),
     ("call_counts", None, lambda t, k, v: t.tracker.add_call(k.epoch, k.call, v.value)),

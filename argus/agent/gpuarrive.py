@@ -9,17 +9,19 @@ arrived last"):
   before every collective and makes the NCCL stream wait for it);
 * the first successful `cuEventQuery` of a recording (a watchdog, a caching allocator) says the GPU
   had passed the mark by then, the failed query before it that it had not yet (one BPF record per
-  recording: argus/bpf/cuda.bpf.c); a stream or event sync's return says the same of every mark
-  before it;
+  recording, carrying it: argus/bpf/cuda.bpf.c); a stream or event sync's return says the same of
+  every mark before it;
 * the elapsed time read between the events recorded right before and after one collective
   (TORCH_NCCL_ENABLE_TIMING) is the time the GPU spent inside it: least on the rank that came last;
 * NCCL's proxy posts a network send only once the kernel produced data: the first send after a
   step began bounds when the GPU reached the step's first network collective (argus/bpf/nccl.bpf.c).
 
-Positions count every operation of a stream this process shows (recordings, waits, collectives,
-syncs); kernels launched in between are not seen, which is why only a mark right before a
-collective bounds its start from above. Evidence comes in after the step it is about (a recording
-completes at the next query), so `close_step` returns the bounds of the step closed before.
+Places count every stream operation of the process that BPF sees (recordings, waits, collectives,
+syncs: argus.h `next_op`), so the few recordings the agent is told of (completed, waited for, timed)
+still fall in order, with no record per recording; kernels launched in between are not counted,
+which is why only a mark right before a collective bounds its start from above. Evidence comes in
+after the step it is about (a recording completes at the next query), so `close_step` returns the
+bounds of the step closed before.
 """
 
 from __future__ import annotations
@@ -27,11 +29,10 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Set, Tuple
 
 MAX_MARKS = 8192  # per stream: a few steps' worth at PyTorch's rates
 MAX_WAITS = 64  # marks a stream waits for before its next collective
-MAX_EVENTS = 65536  # events remembered (PyTorch reuses a few hundred)
 # Bounds per communicator and step at most: every n-th instance (the same ones on every member, which
 # issue the same number). A straggler's GPU is late at every collective of the step, so 64 say what
 # 3,240 would (tensor-parallel rates), at 1/50 of the agent's work and of the summary's bytes.
@@ -44,7 +45,7 @@ class Mark:
     """A point of a stream the GPU passes: an event recording or a host sync of the stream."""
 
     stream: int
-    pos: int
+    pos: int  # its place among the process's stream operations (BPF counts them: argus.h next_op)
     ts: int  # host time of the recording (monotonic ns)
     not_passed: int = 0  # the GPU had not passed it at this time (0: unknown)
     passed: int = 0  # ... and had by this time (0: unknown)
@@ -58,7 +59,7 @@ class _Coll:
     seq: int
     stream: int
     pos: int
-    after: float  # position of the stream's previous wait or collective (-1: none; x.5: one unrecorded)
+    after: int  # place of the stream's previous wait or collective, recorded or not (0: none)
     enter_ns: int
     waits: List[Mark]
 
@@ -75,17 +76,21 @@ class _Step:
 
 
 class GpuArrival:
-    """Per process: stream marks, the collectives on them, and the evidence that bounds them."""
+    """Per process: stream marks, the collectives on them, and the evidence that bounds them.
+
+    Every input carries its place among the process's stream operations, counted in BPF, so a
+    recording is learnt only when something refers to it (its completion, a wait for it, a timing
+    read of it) and still falls in its place; one never referred to bounds nothing anyway."""
 
     def __init__(self) -> None:
-        self.next_pos: Dict[int, int] = {}
-        self.marks: Dict[int, Deque[Mark]] = {}
-        self.event_mark: Dict[int, Mark] = {}  # event -> its latest recording
-        # stream -> (mark, when the wait was enqueued) it waits for before its next collective
+        self.streams: Set[int] = set()
+        self.marks: Dict[int, List[Mark]] = {}  # stream -> its known marks by place
+        self.at: Dict[Tuple[int, int], Mark] = {}  # (stream, place) -> mark
+        # stream -> (mark, the wait's place) it waits for before its next collective
         self.waits: Dict[int, List[Tuple[Mark, int]]] = {}
         self.colls: Dict[int, List[_Coll]] = {}  # epoch -> collectives enqueued in it
-        self.barrier: Dict[int, int] = {}  # stream -> position of its latest wait or collective
-        self.coll_pos: Dict[int, Deque[Tuple[int, _Coll]]] = {}  # stream -> recent (position, collective)
+        self.barrier: Dict[int, int] = {}  # stream -> place of its latest wait or recorded collective
+        self.coll_pos: Dict[int, Deque[Tuple[int, _Coll]]] = {}  # stream -> recent (place, collective)
         self.net: Dict[int, Tuple[int, int]] = {}  # epoch -> (its first network send, the send before)
         self.coll_gpu: Dict[int, Dict[Any, List[int]]] = {}  # epoch read in -> comm -> GPU ns
         self.pending: Optional[_Step] = None
@@ -93,86 +98,89 @@ class GpuArrival:
 
     # ---- inputs (argus.agent.tracker feeds its records) ----------------------------------------------
 
-    def _pos(self, stream: int) -> int:
-        p = self.next_pos.get(stream, 0)
-        self.next_pos[stream] = p + 1
-        return p
-
-    def _mark(self, stream: int, ts: int) -> Mark:
-        m = Mark(stream, self._pos(stream), ts)
+    def _mark(self, stream: int, pos: int, ts: int) -> Mark:
+        """The mark at `pos` of `stream`, made when first told of."""
+        m = self.at.get((stream, pos))
+        if m is not None:
+            return m
+        m = self.at[(stream, pos)] = Mark(stream, pos, ts)
+        self.streams.add(stream)
         q = self.marks.get(stream)
         if q is None:
-            q = self.marks[stream] = deque(maxlen=MAX_MARKS)
-        q.append(m)
+            q = self.marks[stream] = []
+        if not q or q[-1].pos < pos:
+            q.append(m)  # most come in order
+        else:
+            bisect.insort(q, m, key=_by_pos)
+        if len(q) > MAX_MARKS:
+            for old in q[: len(q) - MAX_MARKS]:
+                self.at.pop((old.stream, old.pos), None)
+            del q[: len(q) - MAX_MARKS]
         return m
 
-    def on_event_record(self, event: int, stream: int, ts: int) -> None:
-        self.event_mark[event] = self._mark(stream, ts)
-
-    def on_stream_wait(self, stream: int, event: int, ts: int = 0) -> None:
-        self.barrier[stream] = self._pos(stream)
-        m = self.event_mark.get(event)
-        if m is not None and m.stream != stream:
-            w = self.waits.setdefault(stream, [])
-            w.append((m, ts))
-            if len(w) > MAX_WAITS:  # a stream that waits and runs no collective (DDP's compute stream)
-                del w[: len(w) - MAX_WAITS]
-
-    def on_event_done(self, event: int, not_ready_ns: int, ts: int) -> None:
-        m = self.event_mark.get(event)
-        if m is None:
+    def on_event_done(
+        self, stream: int, pos: int, rec_ns: int, not_ready_ns: int, ts: int, by_sync: bool = False
+    ) -> None:
+        """The GPU had passed the recording at `pos` of `stream` (made at `rec_ns`) by `ts`, and not
+        by `not_ready_ns` (a failed query of it; 0: none)."""
+        if not pos:
             return
-        if not_ready_ns and not_ready_ns >= m.ts:  # a failed query of this recording
+        m = self._mark(stream, pos, rec_ns)
+        if not_ready_ns and not_ready_ns >= m.ts:
             m.not_passed = max(m.not_passed, not_ready_ns)
         if not m.passed or ts < m.passed:
-            m.passed = ts
+            m.passed, m.by_sync = ts, by_sync
 
-    def on_stream_sync(self, stream: int, enter_ns: int, exit_ns: int) -> None:
-        m = self._mark(stream, enter_ns)
+    def on_stream_wait(
+        self, stream: int, pos: int, mark_stream: int, mark_pos: int, mark_ns: int, ts: int = 0
+    ) -> None:
+        """`stream`'s next work waits (from place `pos`) for the recording at `mark_pos` of `mark_stream`."""
+        self.streams.add(stream)
+        if pos:
+            self.barrier[stream] = pos
+        if not mark_pos or mark_stream == stream:
+            return
+        w = self.waits.setdefault(stream, [])
+        w.append((self._mark(mark_stream, mark_pos, mark_ns), pos))
+        if len(w) > MAX_WAITS:  # a stream that waits and runs no collective (DDP's compute stream)
+            del w[: len(w) - MAX_WAITS]
+
+    def on_stream_sync(self, stream: int, pos: int, enter_ns: int, exit_ns: int) -> None:
+        if not pos:
+            return
+        m = self._mark(stream, pos, enter_ns)
         m.passed, m.by_sync = exit_ns, True
 
-    def on_ctx_sync(self, enter_ns: int, exit_ns: int) -> None:
-        for stream in list(self.next_pos):
-            self.on_stream_sync(stream, enter_ns, exit_ns)
-
-    def on_event_sync(self, event: int, exit_ns: int) -> None:
-        m = self.event_mark.get(event)
-        if m is not None and (not m.passed or exit_ns < m.passed):
-            m.passed, m.by_sync = exit_ns, True
+    def on_ctx_sync(self, pos: int, enter_ns: int, exit_ns: int) -> None:
+        for stream in list(self.streams):
+            self.on_stream_sync(stream, pos, enter_ns, exit_ns)
 
     def on_collective(
-        self, epoch: int, comm: Any, seq: int, stream: int, enter_ns: int, skipped: int = 0, skip_ns: int = 0
+        self, epoch: int, comm: Any, seq: int, stream: int, pos: int, enter_ns: int, skip_pos: int = 0
     ) -> None:
-        """A recorded collective; `skipped` collectives of its communicator had no record before it
-        (sampled: nccl.bpf.c), the last entered at `skip_ns`."""
-        pos = self._pos(stream)
-        after: float = self.barrier.get(stream, -1)
+        """A recorded collective at place `pos`; the last of its communicator with no record before it
+        (sampled: nccl.bpf.c) was at `skip_pos` (0: none)."""
+        self.streams.add(stream)
+        after = max(self.barrier.get(stream, 0), skip_pos)
         self.barrier[stream] = pos
-        waits = self.waits.pop(stream, [])
-        if skipped:
-            # the unrecorded collective lies between the stream's marks before `skip_ns` and those
-            # after: only a mark after it can be right before this one, and only waits after it
-            # are this collective's
-            waits = [w for w in waits if w[1] > skip_ns]
-            for m in reversed(self.marks.get(stream, ())):  # in time order: the newest few
-                if m.ts <= skip_ns:
-                    after = max(after, m.pos + 0.5)
-                    break
-        c = _Coll(epoch, comm, seq, stream, pos, after, enter_ns, [m for m, _ in waits])
+        # only waits after the stream's previous collective, recorded or not, are this one's
+        waits = [m for m, wpos in self.waits.pop(stream, []) if wpos > skip_pos]
+        c = _Coll(epoch, comm, seq, stream, pos, after, enter_ns, waits)
         self.colls.setdefault(epoch, []).append(c)
         q = self.coll_pos.get(stream)
         if q is None:
             q = self.coll_pos[stream] = deque(maxlen=MAX_MARKS)
         q.append((pos, c))
 
-    def on_elapsed(self, start_ev: int, end_ev: int, ns: int, epoch: int) -> bool:
-        """True when the two events bracket exactly one collective on one stream (the time the GPU
-        spent in it, not a framework timer): the caller then leaves it out of the timers."""
-        a, b = self.event_mark.get(start_ev), self.event_mark.get(end_ev)
-        q = self.coll_pos.get(a.stream) if a is not None else None
-        if a is None or b is None or a.stream != b.stream or not q:
+    def on_elapsed(
+        self, start_stream: int, start_pos: int, end_stream: int, end_pos: int, ns: int, epoch: int
+    ) -> bool:
+        """True when the two recordings bracket exactly one collective on one stream (the time the
+        GPU spent in it, not a framework timer): the caller then leaves it out of the timers."""
+        q = self.coll_pos.get(start_stream)
+        if not start_pos or not end_pos or start_stream != end_stream or not q:
             return False
-        inside = [c for p, c in _between(q, a.pos, b.pos)]
+        inside = [c for p, c in _between(q, start_pos, end_pos)]
         if len(inside) != 1:
             return False
         self.coll_gpu.setdefault(epoch, {}).setdefault(inside[0].comm, []).append(ns)
@@ -204,10 +212,11 @@ class GpuArrival:
         out = self._finish(prev, cur) if prev is not None else None
         # marks before the pending step began bound nothing of it (its collectives were enqueued after)
         for q in self.marks.values():
-            while q and q[0].ts < start_ns:
-                q.popleft()
-        if len(self.event_mark) > MAX_EVENTS:  # a framework that creates events instead of reusing them
-            self.event_mark = {e: m for e, m in self.event_mark.items() if m.ts >= start_ns}
+            k = 0
+            while k < len(q) and q[k].ts < start_ns:
+                self.at.pop((q[k].stream, q[k].pos), None)
+                k += 1
+            del q[:k]
         # what no step will claim: older epochs
         low = min(epochs, default=0)
         for d in (self.colls, self.net, self.coll_gpu):
@@ -299,6 +308,10 @@ def _instance_index(
     return out, count
 
 
+def _by_pos(m: Mark) -> int:
+    return m.pos
+
+
 def _between(q: Deque[Tuple[int, _Coll]], a: int, b: int) -> List[Tuple[int, _Coll]]:
     """The collectives of a stream strictly between positions a and b (newest last)."""
     out = []
@@ -315,7 +328,7 @@ def _between(q: Deque[Tuple[int, _Coll]], a: int, b: int) -> List[Tuple[int, _Co
 _Table = Tuple[List[int], List[int], List[str], List[int]]
 
 
-def _prefix_not_passed(q: Deque[Mark]) -> Tuple[List[int], List[int]]:
+def _prefix_not_passed(q: List[Mark]) -> Tuple[List[int], List[int]]:
     """Latest time the GPU had surely not passed position p: the max over marks at or before p."""
     pos, val, best = [], [], 0
     for m in q:
@@ -325,7 +338,7 @@ def _prefix_not_passed(q: Deque[Mark]) -> Tuple[List[int], List[int]]:
     return pos, val
 
 
-def _suffix_passed(q: Deque[Mark]) -> _Table:
+def _suffix_passed(q: List[Mark]) -> _Table:
     """Earliest time the GPU had surely passed position p: the min over marks at or after p."""
     pos = [m.pos for m in q]
     own = [m.passed for m in q]
@@ -360,7 +373,7 @@ def _lookup_passed(tab: Optional[_Table], p: int) -> Tuple[int, str]:
     return 0, "-"
 
 
-def _lookup_hi(tab: Optional[_Table], cpos: int, after: float) -> Tuple[int, str]:
+def _lookup_hi(tab: Optional[_Table], cpos: int, after: int) -> Tuple[int, str]:
     """Upper bound on when the stream reached the collective at `cpos`: the last mark before it,
     when nothing we know of lies between (it comes after the stream's last wait), passed: tight;
     anything after it passed: the collective had ended by then (loose: 'e', or 's' for a sync)."""

@@ -22,7 +22,7 @@ from argus.probes import cpython, usdt
 from argus.probes.cpython import CodeResolver, Frame, Interpreter, ThreadReader
 from argus.probes.cpython_offsets import NONE, PY_FRAME_READ
 from argus.probes.prologue import plan_entry
-from argus.probes.records import PyCfg, RecEventRecord, RecPyCall, RecPyMark, UsdtArg
+from argus.probes.records import PyCfg, RecPyCall, RecPyMark, UsdtArg
 
 OFF_UNKNOWN = 0xFFFFFFFF  # argus/bpf/records.h
 PY_STACKS_CAPACITY = 8192
@@ -318,8 +318,8 @@ class PyAgent:
     def on_record(self, rec: Any) -> bool:
         """Python records go to their section (True); others are not ours (False)."""
         kind = type(rec)
-        if kind is not RecPyMark and kind is not RecPyCall and kind is not RecEventRecord:
-            return False  # most records (collectives, syncs): one test, not three
+        if kind is not RecPyMark and kind is not RecPyCall:
+            return False  # most records (collectives, syncs): one test, not two
         if isinstance(rec, RecPyMark):
             t = self.targets.get(rec.h.tgid)
             if t is not None and t.python is not None:
@@ -331,10 +331,6 @@ class PyAgent:
             if t is not None and t.python is not None:
                 t.python.on_call(rec)
             return True
-        if isinstance(rec, RecEventRecord):  # the CUDA channel's record: the tracker wants it too
-            t = self.targets.get(rec.h.tgid)
-            if t is not None and t.python is not None:
-                t.python.on_event_record(rec)
         return False
 
     def drain(self, final: Dict[int, int], final_before: Dict[int, int]) -> None:

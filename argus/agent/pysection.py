@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import bisect
 import functools
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from argus.agent.phases import OTHER, PhaseMatcher, fold
 from argus.probes import base
 from argus.probes.cpython import Frame
-from argus.probes.records import PROF_OFFCPU, PROF_ONCPU, RecElapsed, RecEventRecord, RecPyCall, RecPyMark
+from argus.probes.records import PROF_OFFCPU, PROF_ONCPU, RecElapsed, RecPyCall, RecPyMark
 
 MAX_MARKS = 20000  # recent native-call walks kept for labelling timers
-# per event: the step a timer belongs to is summarized up to an output interval later (seen: 8+
-# steps of 60 ms), by when its events were recorded again
-EVENT_RECORDS_KEPT = 64
 MAX_EPOCHS = 4096
 StackResolver = Callable[[int], Optional[List[Frame]]]  # stack id -> frames, innermost first
 
@@ -75,10 +72,6 @@ class PythonSection:
         # reservation), for labelling timers by bisection
         self.mark_ts: List[int] = []
         self.mark_stack: List[int] = []
-        # event -> host times of its latest cuEventRecords: a timer read after the next step's records
-        # arrived (the step summarized late) takes the records before its own read
-        self.event_ts: Dict[int, Deque[int]] = {}
-        self.pending_events: Dict[int, int] = {}  # tid -> event records not yet given a phase
         self._phase: Dict[int, str] = {0: OTHER}
         self._folded: Dict[int, str] = {}
 
@@ -101,10 +94,9 @@ class PythonSection:
         marks = self._epoch(r.h.epoch).marks
         marks[(r.stack, mark_key(r.h.call))] += r.weight
         # event records are not walked (argus/bpf/python.bpf.c, PY_HIT_EVENT): they force a walk at the
-        # thread's next launch, and take that walk's phase
-        waiting = self.pending_events.pop(r.h.tid, 0)
-        if waiting:
-            marks[(r.stack, "event_records")] += waiting
+        # thread's next launch, which counts them and gives them its phase
+        if r.events:
+            marks[(r.stack, "event_records")] += r.events
         self.mark_ts.append(r.h.ts)
         self.mark_stack.append(r.stack)
         if len(self.mark_ts) > 2 * MAX_MARKS:
@@ -114,16 +106,6 @@ class PythonSection:
         """Calls not walked (a walk of their thread was too recent: argus/bpf/python.bpf.c), counted
         in BPF to the stack of that walk."""
         self._epoch(epoch).marks[(stack, mark_key(call))] += weight
-
-    def on_event_record(self, r: RecEventRecord) -> None:
-        """The CUDA channel's cuEventRecord record: when the event was recorded (timer labels)."""
-        q = self.event_ts.get(r.event)
-        if q is None:
-            q = self.event_ts[r.event] = deque(maxlen=EVENT_RECORDS_KEPT)
-        q.append(r.h.ts)
-        self.pending_events[r.h.tid] = self.pending_events.get(r.h.tid, 0) + 1
-        if len(self.event_ts) > MAX_MARKS:  # events are reused; a leak only if they are not
-            self.event_ts.pop(next(iter(self.event_ts)))
 
     def add_gc(self, epoch: int, gen: int, count: int, ns: int, max_ns: int, collected: int) -> None:
         g = self._epoch(epoch).gc.setdefault(gen, [0, 0, 0, 0])
@@ -220,8 +202,9 @@ class PythonSection:
         for t in timers:
             if t.result != 0:
                 continue
-            t0, t1 = self._recorded(t.start_ev, t.h.ts), self._recorded(t.end_ev, t.h.ts)
-            if t0 is None or t1 is None or t1 <= t0:
+            # the two recordings as they were at the read (BPF: argus/bpf/cuda.bpf.c)
+            t0, t1 = t.start_ns, t.end_ns
+            if not t0 or not t1 or t1 <= t0:
                 continue
             lo, hi = bisect.bisect_right(self.mark_ts, t0), bisect.bisect_left(self.mark_ts, t1)
             votes: Counter = Counter(self.phase(s) for s in self.mark_stack[lo:hi])
@@ -229,15 +212,6 @@ class PythonSection:
             phase = named[0][0] if named else OTHER
             out[phase] += round(_ms(t.ms_bits) * 1e6)
         return {k: int(v) for k, v in out.items()}
-
-    def _recorded(self, event: int, before: int) -> Optional[int]:
-        """When `event` was last recorded before `before` (the timer's read)."""
-        kept = self.event_ts.get(event)
-        if not kept:
-            return None
-        times = [x for x in kept if x <= before]
-        # its own records already dropped (a timer read very late): the oldest kept, a later step's
-        return max(times) if times else kept[0]
 
     @staticmethod
     def _gc(data: List[_PyEpoch]) -> Optional[dict]:

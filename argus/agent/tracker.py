@@ -24,7 +24,6 @@ from argus.probes.records import (
     RecCommInit,
     RecElapsed,
     RecEventDone,
-    RecEventRecord,
     RecFuncName,
     RecNccl,
     RecNetSend,
@@ -61,6 +60,7 @@ GROUP_END = call_id("ncclGroupEnd")
 _STREAM_SYNC = call_id("cuStreamSynchronize")
 _EVENT_SYNC = call_id("cuEventSynchronize")
 _CTX_SYNC = call_id("cuCtxSynchronize")
+_EVENT_RECORD = call_id("cuEventRecord")
 
 
 def fnv1a64(data: bytes, h: int = FNV_OFFSET) -> int:
@@ -118,7 +118,6 @@ class EpochData:
     group_ends: List[RecNccl] = field(default_factory=list)  # outermost ncclGroupEnd calls
     elapsed: List[RecElapsed] = field(default_factory=list)
     inits: List[RecCommInit] = field(default_factory=list)
-    event_records: int = 0
     # BPF's sums of the epoch's NCCL operations (nccl.bpf.c `colls`):
     # (comm handle, call, datatype) -> [count, elements, host ns, first seq, first enter, last exit]
     colls: Dict[Tuple[int, int, int], List[int]] = field(default_factory=dict)
@@ -207,8 +206,6 @@ class RankTracker:
         self.called: Set[int] = set()  # communicator handles seen created or in a call
         self.identity_errors = 0  # communicator fields read from the process that made no sense
         self.split_counts: Counter = Counter()
-        self.event_stream: Dict[int, int] = {}
-        self.event_epoch: Dict[int, int] = {}
         self.last_seq: Dict[str, int] = {}  # comm id -> last collective sequence number entered
         self.last_step: Optional[int] = None
         self.detector = StepDetector(step_fn=step_fn)
@@ -273,38 +270,34 @@ class RankTracker:
                 key = info.key
                 if r.seq > self.last_seq.get(key, -1):
                     self.last_seq[key] = r.seq
-                self.arrive.on_collective(h.epoch, key, r.seq, r.stream, r.enter_ns, r.skipped, r.skip_ns)
+                self.arrive.on_collective(h.epoch, key, r.seq, r.stream, r.pos, r.enter_ns, r.skip_pos)
         elif isinstance(r, RecSync):
             self.epoch(r.h.epoch).sync = r
             call = r.h.call
             if call == _STREAM_SYNC:
-                self.arrive.on_stream_sync(r.handle, r.enter_ns, r.h.ts)
-            elif call == _EVENT_SYNC:
-                self.arrive.on_event_sync(r.handle, r.h.ts)
+                self.arrive.on_stream_sync(r.handle, r.pos, r.enter_ns, r.h.ts)
             elif call == _CTX_SYNC:
-                self.arrive.on_ctx_sync(r.enter_ns, r.h.ts)
+                self.arrive.on_ctx_sync(r.pos, r.enter_ns, r.h.ts)
+            # (an event sync's completion comes as a RecEventDone: argus/bpf/cuda.bpf.c)
         elif isinstance(r, RecEventDone):
-            self.arrive.on_event_done(r.event, r.not_ready_ns, r.h.ts)
+            self.arrive.on_event_done(r.stream, r.pos, r.rec_ns, r.not_ready_ns, r.h.ts, bool(r.by_sync))
         elif isinstance(r, RecStreamWait):
-            self.arrive.on_stream_wait(r.stream, r.event, r.h.ts)
+            self.arrive.on_stream_wait(r.stream, r.pos, r.mark_stream, r.mark_pos, r.mark_ns, r.h.ts)
         elif isinstance(r, RecNetSend):
             self.arrive.on_net_send(r.h.epoch, r.h.ts, r.prev_ns)
         elif isinstance(r, RecElapsed):
             if r.result == 0 and self.arrive.on_elapsed(
-                r.start_ev, r.end_ev, round(_ms(r.ms_bits) * 1e6), r.h.epoch
+                r.start_stream, r.start_pos, r.end_stream, r.end_pos, round(_ms(r.ms_bits) * 1e6), r.h.epoch
             ):
                 return  # the GPU time of one collective (TORCH_NCCL_ENABLE_TIMING), not a timer
             # A timer belongs to the step whose GPU work it measures: the epoch its end event was
             # recorded in (frameworks read timers after the step's sync, or steps later).
-            e = self.event_epoch.get(r.end_ev, r.h.epoch)
+            e = r.end_epoch if r.end_pos else r.h.epoch
             if self.last_boundary is not None and e <= self.last_boundary:
                 e = r.h.epoch  # that step is already out
             self.epoch(e).elapsed.append(r)
-        elif isinstance(r, RecEventRecord):
-            self.epoch(r.h.epoch).event_records += 1
-            self.arrive.on_event_record(r.event, r.stream, r.h.ts)
-            _remember(self.event_stream, r.event, r.stream)
-            _remember(self.event_epoch, r.event, r.h.epoch)
+        # RecEventRecord (`argus record` only) adds nothing here: the records above carry the
+        # recordings they refer to, and BPF counts them (call_counts)
         elif isinstance(r, RecFuncName):
             if r.result == 0 and r.func:
                 _remember(self.func_names, r.func, r.name.decode(errors="replace"))
@@ -328,6 +321,13 @@ class RankTracker:
 
     def add_call(self, epoch: int, call: int, count: int) -> None:
         self.epoch(epoch).calls[call] += count
+
+    def add_sync(self, epoch: int, v: Any) -> None:
+        """The sync that closed `epoch`, kept in BPF (cuda.bpf.c `epoch_syncs`): the same as its ring
+        record, which a full ring may have lost -- and every step boundary with it."""
+        d = self.epoch(epoch)
+        if d.sync is None:
+            self.on_record(RecSync.from_buffer_copy(bytes(v)))
 
     def add_colls(self, k: Any, v: Any) -> None:
         """BPF's sums of one (epoch, communicator, call, datatype) (records.CollKey/CollVal)."""
@@ -759,10 +759,8 @@ class RankTracker:
                 s[1] += d.sync.h.ts - d.sync.enter_ns
             for el in d.elapsed:
                 if el.result == 0:
-                    timers.append(
-                        Timer(_ms(el.ms_bits), el.start_ev, el.end_ev, self.event_stream.get(el.end_ev, 0))
-                    )
-            event_records += d.event_records
+                    timers.append(Timer(_ms(el.ms_bits), el.start_ev, el.end_ev, el.end_stream))
+            event_records += d.calls.get(_EVENT_RECORD, 0)
         return _Cuda(
             kernels=dict(launches.most_common()),
             memcpy={k: (c, b) for k, (c, b) in mem.items() if k in MEMCPY_KINDS},

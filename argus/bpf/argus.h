@@ -42,6 +42,10 @@ struct drop_key {
 };
 BPF_HASH(drops_by_pid, struct drop_key, u64, 4096); /* the same, per process: its summaries say it */
 BPF_RINGBUF_OUTPUT(records, ARGUS_RINGBUF_PAGES);
+/* Per process: how many stream operations it enqueued (event recordings, stream waits, collectives,
+ * syncs). Each carries its count, so user space knows their order on a stream from the few it is
+ * told of (argus/agent/gpuarrive.py) without a record per recording. */
+BPF_HASH(stream_ops, u32, u64, ARGUS_MAX_TARGETS);
 
 static __always_inline u32 cur_tgid(void) { return bpf_get_current_pid_tgid() >> 32; }
 static __always_inline u32 cur_tid(void) { return (u32)bpf_get_current_pid_tgid(); }
@@ -57,6 +61,12 @@ static __always_inline u64 close_epoch(u32 tgid) {
     u64 epoch = 0, *e = epochs.lookup(&tgid);
     if (e) epoch = __sync_fetch_and_add(e, 1);
     return epoch;
+}
+
+/* The next stream operation's place in its process (1, 2, ...; 0 when the map is full). */
+static __always_inline u64 next_op(u32 tgid) {
+    u64 zero = 0, *v = stream_ops.lookup_or_try_init(&tgid, &zero);
+    return v ? __sync_fetch_and_add(v, 1) + 1 : 0;
 }
 
 static __always_inline void drop(u32 slot) {

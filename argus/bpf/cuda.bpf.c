@@ -4,9 +4,10 @@
  * ARGUS_LAUNCH_LATENCY a log2 histogram of the launch call's host time at return.
  * Host-blocking syncs (stream, event, context, synchronous copies and memsets): a record per
  * call with enter/exit, and the epoch of the process advances at return.
- * cuEventRecord (event -> stream) and cuEventElapsedTime (the milliseconds the caller got) are
- * records, so GPU timings the framework measures itself are harvested for free; cuStreamWaitEvent
- * and the first successful cuEventQuery of a recording are records too (when the GPU got where).
+ * cuEventElapsedTime (the milliseconds the caller got, and the two recordings it measured between)
+ * is a record, so GPU timings the framework measures itself are harvested for free;
+ * cuStreamWaitEvent and the first successful cuEventQuery of a recording are records too (when the
+ * GPU got where). A recording itself is not (ev_marks): those three carry it.
  * Copies, allocations and frees: bytes per epoch. Every non-zero CUresult: counted per call.
  */
 
@@ -132,7 +133,50 @@ int cuGraphLaunch_entry(struct pt_regs *ctx) {
 }
 int cuGraphLaunch_return(struct pt_regs *ctx) { return launch_return_common(ctx, CALL_cuGraphLaunch); }
 
+/* ---- event recordings: where on a stream, and what the GPU passed ------------------------------
+ * (tgid, event) -> its latest recording and what queries found of it. An LRU: a framework that
+ * creates events without end evicts its oldest, whose completions are then not told. */
+struct ev_key {
+    u32 tgid;
+    u32 pad;
+    u64 event;
+};
+struct ev_mark {
+    u64 stream;
+    u64 pos; /* next_op at the recording */
+    u64 ts;
+    u64 not_ready; /* entry of the last query that found this recording not complete, 0 if none */
+    u64 epoch;
+    u32 done; /* told (rec_event_done) */
+    u32 pad;
+};
+BPF_TABLE("lru_hash", struct ev_key, struct ev_mark, ev_marks, 16384);
+
+/* The GPU passed the event's latest recording by now: one record per recording, at the first query
+ * that found it complete or the event sync that waited for it, carrying the recording's stream and
+ * place. Not for a recording made before we attached: its place is unknown. */
+static __always_inline void event_passed(u32 tgid, u64 event, u32 call, u32 by_sync) {
+    struct ev_key k = {.tgid = tgid, .event = event};
+    struct ev_mark *m = ev_marks.lookup(&k);
+    if (!m || m->done) return;
+    m->done = 1;
+    struct rec_event_done *r = RECORD(rec_event_done, REC_EVENT_DONE, call, cur_epoch(tgid));
+    if (!r) return;
+    r->event = event;
+    r->not_ready_ns = m->not_ready;
+    r->stream = m->stream;
+    r->pos = m->pos;
+    r->rec_ns = m->ts;
+    r->by_sync = by_sync;
+    r->pad = 0;
+    record_submit(r);
+}
+
 /* ---- host-blocking synchronisation ------------------------------------------------------------ */
+
+/* (tgid, sync call, epoch it closed) -> the sync's record: drained like the sums (user space takes
+ * it when the ring lost the record) */
+BPF_HASH(epoch_syncs, struct call_key, struct rec_sync, 4096);
 
 static __always_inline int sync_enter(u32 call, u64 handle, u32 bytes_kind, u64 bytes) {
     u32 tgid;
@@ -141,6 +185,7 @@ static __always_inline int sync_enter(u32 call, u64 handle, u32 bytes_kind, u64 
     s.a[0] = handle;
     s.a[1] = bytes_kind;
     s.a[2] = bytes;
+    s.a[3] = next_op(tgid); /* a sync's mark passes what was enqueued before it */
     save_scratch(CLASS_CUDA, &s);
     inflight_enter(CLASS_CUDA, call, s.enter_ns, handle, 0);
     py_native_hit(call, handle, PY_HIT_ALWAYS);
@@ -162,14 +207,19 @@ static __always_inline int sync_exit(struct pt_regs *ctx, u32 call) {
         struct mem_val zero = {};
         agg_add_sum(mem.lookup_or_try_init(&mk, &zero), s.a[2]); /* a full map counts as a drop */
     }
-    struct rec_sync *r = RECORD(rec_sync, REC_SYNC, call, epoch);
-    if (!r) return 0;
-    r->enter_ns = s.enter_ns;
-    r->handle = s.a[0];
-    r->result = (s32)rc;
-    r->bytes_kind = (u32)s.a[1];
-    r->bytes = s.a[2];
-    record_submit(r);
+    struct rec_sync v = {.enter_ns = s.enter_ns, .handle = s.a[0], .result = (s32)rc, .bytes_kind = (u32)s.a[1]};
+    fill_hdr(&v.h, REC_SYNC, call, epoch);
+    v.bytes = s.a[2];
+    v.pos = s.a[3];
+    /* the epoch's sync, kept where a full ring cannot lose it: steps are cut at syncs */
+    struct call_key ck = {.tgid = tgid, .call = call, .epoch = epoch};
+    if (epoch_syncs.update(&ck, &v) != 0) drop(DROP_AGG);
+    struct rec_sync *r = ring_reserve(sizeof(v));
+    if (r) {
+        __builtin_memcpy(r, &v, sizeof(v));
+        record_submit(r);
+    }
+    if (call == CALL_cuEventSynchronize && rc == CU_SUCCESS) event_passed(tgid, s.a[0], call, 1);
     return 0;
 }
 
@@ -233,8 +283,6 @@ struct alloc_key {
     u64 ptr;
 };
 BPF_HASH(allocs, struct alloc_key, u64, ARGUS_AGG_ENTRIES);
-/* (tgid, event) -> entry of the last query that found it not complete, or EVENT_DONE */
-BPF_HASH(event_seen, struct alloc_key, u64, 16384);
 
 int cuMemAlloc_v2_entry(struct pt_regs *ctx) {
     u32 tgid;
@@ -273,18 +321,29 @@ int cuMemFree_v2_entry(struct pt_regs *ctx) {
 }
 RESULT_PROBE(cuMemFree_v2)
 
-/* ---- events: which stream an event marks, and the timings the framework reads ------------------- */
+/* ---- events: which stream an event marks, and the timings the framework reads -------------------
+ * No record per recording (hundreds a step at PyTorch's rates: its caching allocator, its watchdog,
+ * an event before and after every collective): the recording is kept in ev_marks and told with
+ * what refers to it -- its completion, a stream waiting for it, a timing read of it. */
 
 int cuEventRecord_entry(struct pt_regs *ctx) {
     u32 tgid;
     if (!target(&tgid)) return 0;
-    struct alloc_key ek = {.tgid = tgid, .ptr = PT_REGS_PARM1(ctx)};
-    event_seen.delete(&ek); /* a new recording: its completion is a new question */
-    struct rec_event_record *r = RECORD(rec_event_record, REC_EVENT_RECORD, CALL_cuEventRecord, cur_epoch(tgid));
-    if (!r) return 0;
-    r->event = PT_REGS_PARM1(ctx);
-    r->stream = PT_REGS_PARM2(ctx);
-    record_submit(r);
+    u64 epoch = cur_epoch(tgid);
+    struct ev_key k = {.tgid = tgid, .event = PT_REGS_PARM1(ctx)};
+    /* a new recording: its completion is a new question */
+    struct ev_mark m = {.stream = PT_REGS_PARM2(ctx), .pos = next_op(tgid), .ts = bpf_ktime_get_ns(), .epoch = epoch};
+    ev_marks.update(&k, &m);
+    count_call(tgid, CALL_cuEventRecord, epoch);
+#ifdef ARGUS_RECORD
+    struct rec_event_record *r = RECORD(rec_event_record, REC_EVENT_RECORD, CALL_cuEventRecord, epoch);
+    if (r) {
+        r->event = k.event;
+        r->stream = m.stream;
+        r->pos = m.pos;
+        record_submit(r);
+    }
+#endif
     py_native_hit(CALL_cuEventRecord, PT_REGS_PARM1(ctx), PY_HIT_EVENT); /* no walk: see PY_HIT_EVENT */
     return 0;
 }
@@ -299,17 +358,23 @@ RESULT_PROBE(cuEventRecord)
 int cuStreamWaitEvent_entry(struct pt_regs *ctx) {
     u32 tgid;
     if (!target(&tgid)) return 0;
+    u64 pos = next_op(tgid);
     struct rec_stream_wait *r = RECORD(rec_stream_wait, REC_STREAM_WAIT, CALL_cuStreamWaitEvent, cur_epoch(tgid));
     if (!r) return 0;
     r->stream = PT_REGS_PARM1(ctx);
     r->event = PT_REGS_PARM2(ctx);
+    r->pos = pos;
+    struct ev_key k = {.tgid = tgid, .event = r->event};
+    struct ev_mark *m = ev_marks.lookup(&k);
+    r->mark_stream = m ? m->stream : 0;
+    r->mark_pos = m ? m->pos : 0;
+    r->mark_ns = m ? m->ts : 0;
     record_submit(r);
     return 0;
 }
 RESULT_PROBE(cuStreamWaitEvent)
 
 #define CUDA_ERROR_NOT_READY 600
-#define EVENT_DONE (~0ull)
 
 int cuEventQuery_entry(struct pt_regs *ctx) {
     u32 tgid;
@@ -328,20 +393,13 @@ int cuEventQuery_return(struct pt_regs *ctx) {
     record_call(CALL_cuEventQuery, 0, 0, 0);
     struct scratch s;
     if (load_scratch(CLASS_CUDA, &s) != 0) return 0;
-    struct alloc_key k = {.tgid = tgid, .ptr = s.a[0]};
-    u64 *seen = event_seen.lookup(&k);
     if (rc == CUDA_ERROR_NOT_READY) {
-        event_seen.update(&k, &s.enter_ns);
+        struct ev_key k = {.tgid = tgid, .event = s.a[0]};
+        struct ev_mark *m = ev_marks.lookup(&k);
+        if (m && !m->done) m->not_ready = s.enter_ns;
         return 0;
     }
-    if (rc != CU_SUCCESS || (seen && *seen == EVENT_DONE)) return 0;
-    struct rec_event_done *r = RECORD(rec_event_done, REC_EVENT_DONE, CALL_cuEventQuery, cur_epoch(tgid));
-    if (!r) return 0;
-    r->event = s.a[0];
-    r->not_ready_ns = seen ? *seen : 0;
-    record_submit(r);
-    u64 done = EVENT_DONE;
-    event_seen.update(&k, &done);
+    if (rc == CU_SUCCESS) event_passed(tgid, s.a[0], CALL_cuEventQuery, 0);
     return 0;
 }
 
@@ -371,6 +429,17 @@ int cuEventElapsedTime_return(struct pt_regs *ctx) {
     r->result = (s32)rc;
     r->ms_bits = 0;
     if (rc == CU_SUCCESS) bpf_probe_read_user(&r->ms_bits, sizeof(r->ms_bits), (void *)s.a[0]);
+    /* the recordings it measured between, as they are now (a timer is read after they completed) */
+    struct ev_key ks = {.tgid = tgid, .event = s.a[1]}, ke = {.tgid = tgid, .event = s.a[2]};
+    struct ev_mark *ms = ev_marks.lookup(&ks);
+    r->start_stream = ms ? ms->stream : 0;
+    r->start_pos = ms ? ms->pos : 0;
+    r->start_ns = ms ? ms->ts : 0;
+    struct ev_mark *me = ev_marks.lookup(&ke);
+    r->end_stream = me ? me->stream : 0;
+    r->end_pos = me ? me->pos : 0;
+    r->end_ns = me ? me->ts : 0;
+    r->end_epoch = me ? me->epoch : r->h.epoch;
     record_submit(r);
     return 0;
 }

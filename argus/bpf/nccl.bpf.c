@@ -48,8 +48,8 @@ static __always_inline int nccl_enter(u32 call, u64 comm, u64 count, u64 dtype, 
     s.a[1] = seq;
     s.a[2] = count;
     s.a[3] = stream;
-    s.a[4] = (dtype & 0xff) | ((redop & 0xff) << 8) | ((u64)flags << 16);
-    s.a[5] = (u64)peer;
+    s.a[4] = (dtype & 0xff) | ((redop & 0xff) << 8) | ((u64)(flags & 0xffff) << 16) | ((u64)(u32)peer << 32);
+    s.a[5] = next_op(tgid);
     save_scratch(CLASS_NCCL, &s);
     inflight_enter(CLASS_NCCL, call, s.enter_ns, comm, seq);
     py_native_hit(call, comm, PY_HIT_COLL);
@@ -81,9 +81,9 @@ static __always_inline int nccl_exit(struct pt_regs *ctx, u32 call) {
     s64 rc = (s32)PT_REGS_RC(ctx);
     count_error(tgid, call, rc);
     u64 epoch = cur_epoch(tgid), now = bpf_ktime_get_ns();
-    u32 flags = (u32)(s.a[4] >> 16);
+    u32 flags = (u32)((s.a[4] >> 16) & 0xffff);
     u32 skipped = 0;
-    u64 skip_ns = 0;
+    u64 skip_ns = 0, skip_pos = 0;
     if (call != CALL_ncclGroupEnd) {
         count_coll(tgid, call, epoch, &s, now);
         /* At tensor-parallel rates (thousands of collectives a step) a record per collective costs
@@ -100,10 +100,12 @@ static __always_inline int nccl_exit(struct pt_regs *ctx, u32 call) {
             if ((s.a[1] - sv->phase) % sv->stride) {
                 sv->skipped += 1;
                 sv->skip_ns = s.enter_ns;
+                sv->skip_pos = s.a[5];
                 return 0;
             }
             skipped = (u32)sv->skipped;
             skip_ns = sv->skip_ns;
+            skip_pos = sv->skip_pos;
             sv->skipped = 0;
         }
     }
@@ -117,10 +119,12 @@ static __always_inline int nccl_exit(struct pt_regs *ctx, u32 call) {
     r->dtype = s.a[4] & 0xff;
     r->redop = (s.a[4] >> 8) & 0xff;
     r->flags = flags;
-    r->peer = (s32)s.a[5];
+    r->peer = (s32)(s.a[4] >> 32);
     r->result = (s32)rc;
     r->skipped = skipped;
     r->skip_ns = skip_ns;
+    r->pos = s.a[5];
+    r->skip_pos = skip_pos;
     record_submit(r);
     return 0;
 }
@@ -177,8 +181,8 @@ int ncclGroupEnd_entry(struct pt_regs *ctx) {
     u32 tid = cur_tid();
     s32 *depth = group_depth.lookup(&tid);
     struct scratch s = {.enter_ns = bpf_ktime_get_ns()};
-    s.a[4] = 0xff | ((u64)(depth && *depth > 0 ? NCCL_F_IN_GROUP : 0) << 16);
-    s.a[5] = (u64)-1;
+    s.a[4] = 0xff | ((u64)(depth && *depth > 0 ? NCCL_F_IN_GROUP : 0) << 16) | ((u64)(u32)-1 << 32);
+    s.a[5] = 0; /* not a stream operation: its group's operations were counted at their calls */
     save_scratch(CLASS_NCCL, &s);
     return 0;
 }

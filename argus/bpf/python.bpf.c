@@ -50,7 +50,7 @@ struct py_hit_state {
     u32 countdown;      /* launches until the next walk */
     u32 force;          /* walk at the next launch (an event record was just made) */
     u32 coll_countdown; /* collectives until the next walk */
-    u32 pad;
+    u32 events;         /* event recordings since the thread's last walk: its next walk's record says */
     u64 last_ns;    /* the thread's last walk at a native call */
     u64 last_stack; /* ... the stack it found (0: none) */
     u64 last_epoch; /* ... and its epoch */
@@ -109,6 +109,7 @@ static __always_inline void py_native_hit(u32 call, u64 aux, u32 how) {
         if (!st) return;
         if (how == PY_HIT_EVENT) {
             st->force = 1;
+            st->events += 1;
             return;
         } else if (how == PY_HIT_COLL) {
             if (st->coll_countdown > 1) {
@@ -166,16 +167,19 @@ int py_walk_native(struct pt_regs *ctx) {
     u32 tid = cur_tid();
     u64 stack = py_walk(cfg, tgid, tid, PY_SLOT_PROBE), epoch = cur_epoch(tgid);
     struct py_hit_state *st = py_hits.lookup(&tid);
+    u32 events = 0;
     if (st) {
         st->last_stack = stack;
         st->last_epoch = epoch;
+        events = st->events;
+        st->events = 0;
     }
     struct rec_py_mark *r = RECORD(rec_py_mark, REC_PY_MARK, a->call, epoch);
     if (!r) return 0;
     r->stack = stack;
     r->aux = a->aux;
     r->weight = a->weight;
-    r->pad = 0;
+    r->events = events;
     record_submit(r);
     return 0;
 }

@@ -53,6 +53,7 @@ struct rec_sync {
     s32 result;
     u32 bytes_kind; /* MEM_* for synchronous copies, else ~0 */
     u64 bytes;
+    u64 pos; /* the process's stream-operation count at entry (argus.h next_op; 0: not counted) */
 };
 
 struct rec_func_name {
@@ -63,10 +64,13 @@ struct rec_func_name {
     char name[128];
 };
 
+/* `argus record` only: the agent learns a recording when it is queried, waited for or timed
+ * (rec_event_done, rec_stream_wait, rec_elapsed carry it), not from a record per recording. */
 struct rec_event_record {
     struct rec_hdr h;
     u64 event;
     u64 stream;
+    u64 pos;
 };
 
 struct rec_elapsed {
@@ -75,6 +79,14 @@ struct rec_elapsed {
     u64 end_ev;
     u32 ms_bits; /* the float the caller received, bit for bit */
     s32 result;
+    /* the two events' latest recordings at the read (pos 0: recorded before we attached) */
+    u64 start_stream;
+    u64 start_pos;
+    u64 start_ns;
+    u64 end_stream;
+    u64 end_pos;
+    u64 end_ns;
+    u64 end_epoch;
 };
 
 struct rec_nccl {
@@ -91,6 +103,8 @@ struct rec_nccl {
     u32 flags; /* NCCL_F_* */
     u32 skipped; /* collectives of this communicator not recorded since its previous record */
     u64 skip_ns; /* host enter of the last of those (monotonic ns; 0: none) */
+    u64 pos;      /* the process's stream-operation count at entry (argus.h next_op) */
+    u64 skip_pos; /* ... of the last collective not recorded (0: none) */
 };
 #define NCCL_F_IN_GROUP 1
 
@@ -109,6 +123,7 @@ struct sample_val {
     u64 skipped;
     u64 skip_ns;
     u64 last_seq; /* of the communicator's latest collective, recorded or not (hangs: who is behind) */
+    u64 skip_pos;
 };
 
 struct rec_comm_init {
@@ -229,8 +244,8 @@ struct coll_val {
 #define PY_HIT_ALWAYS 0 /* host syncs: a few per step */
 #define PY_HIT_LAUNCH 1 /* launches: every ARGUS_PY_LAUNCH_EVERY-th per thread, and the first after
                            an event record */
-#define PY_HIT_EVENT 2  /* cuEventRecord: no walk; forces one at the thread's next launch (user space
-                           gives the event record the phase of that walk) */
+#define PY_HIT_EVENT 2  /* cuEventRecord: no walk; forces one at the thread's next launch, whose
+                           record counts it (rec_py_mark.events) */
 #define PY_HIT_COLL 3   /* collectives: every ARGUS_PY_COLL_EVERY-th per thread, weighted */
 
 /* Where a USDT argument lives (parsed from the stapsdt note by user space). */
@@ -312,7 +327,7 @@ struct rec_py_mark {
     u64 stack;
     u64 aux;    /* the event of cuEventRecord, the communicator of a collective, else 0 */
     u32 weight; /* calls this walk stands for */
-    u32 pad;
+    u32 events; /* the thread's event recordings since its previous walk (not walked themselves) */
 };
 
 struct rec_py_sample {
@@ -356,12 +371,21 @@ struct rec_stream_wait {
     struct rec_hdr h; /* ts: entry */
     u64 stream;
     u64 event;
+    u64 pos;        /* the wait's own place (argus.h next_op) */
+    u64 mark_stream; /* the event's latest recording: its stream, place (0: unknown) and time */
+    u64 mark_pos;
+    u64 mark_ns;
 };
 
 struct rec_event_done {
-    struct rec_hdr h; /* ts: return of the query that found the event complete */
+    struct rec_hdr h; /* ts: return of the query (or event sync) that found the event complete */
     u64 event;
     u64 not_ready_ns; /* entry of the last query that found it not complete, 0 if none */
+    u64 stream;       /* the recording: its stream, place and time */
+    u64 pos;
+    u64 rec_ns;
+    u32 by_sync; /* found by cuEventSynchronize's return, not a query */
+    u32 pad;
 };
 
 struct rec_net_send {

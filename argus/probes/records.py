@@ -74,6 +74,7 @@ class RecSync(S):
         ("result", c_int32),
         ("bytes_kind", c_uint32),
         ("bytes", c_uint64),
+        ("pos", c_uint64),
     ]
 
 
@@ -88,7 +89,7 @@ class RecFuncName(S):
 
 
 class RecEventRecord(S):
-    _fields_ = [("h", RecHdr), ("event", c_uint64), ("stream", c_uint64)]
+    _fields_ = [("h", RecHdr), ("event", c_uint64), ("stream", c_uint64), ("pos", c_uint64)]
 
 
 class RecElapsed(S):
@@ -98,6 +99,13 @@ class RecElapsed(S):
         ("end_ev", c_uint64),
         ("ms_bits", c_uint32),
         ("result", c_int32),
+        ("start_stream", c_uint64),
+        ("start_pos", c_uint64),
+        ("start_ns", c_uint64),
+        ("end_stream", c_uint64),
+        ("end_pos", c_uint64),
+        ("end_ns", c_uint64),
+        ("end_epoch", c_uint64),
     ]
 
 
@@ -116,6 +124,8 @@ class RecNccl(S):
         ("flags", c_uint32),
         ("skipped", c_uint32),
         ("skip_ns", c_uint64),
+        ("pos", c_uint64),
+        ("skip_pos", c_uint64),
     ]
 
 
@@ -235,7 +245,7 @@ class RecPyMark(S):
         ("stack", c_uint64),
         ("aux", c_uint64),
         ("weight", c_uint32),
-        ("pad", c_uint32),
+        ("events", c_uint32),
     ]
 
 
@@ -272,7 +282,15 @@ class RecGc(S):
 
 
 class RecStreamWait(S):
-    _fields_ = [("h", RecHdr), ("stream", c_uint64), ("event", c_uint64)]
+    _fields_ = [
+        ("h", RecHdr),
+        ("stream", c_uint64),
+        ("event", c_uint64),
+        ("pos", c_uint64),
+        ("mark_stream", c_uint64),
+        ("mark_pos", c_uint64),
+        ("mark_ns", c_uint64),
+    ]
 
 
 class CollKey(S):
@@ -308,11 +326,21 @@ class SampleVal(S):
         ("skipped", c_uint64),
         ("skip_ns", c_uint64),
         ("last_seq", c_uint64),
+        ("skip_pos", c_uint64),
     ]
 
 
 class RecEventDone(S):
-    _fields_ = [("h", RecHdr), ("event", c_uint64), ("not_ready_ns", c_uint64)]
+    _fields_ = [
+        ("h", RecHdr),
+        ("event", c_uint64),
+        ("not_ready_ns", c_uint64),
+        ("stream", c_uint64),
+        ("pos", c_uint64),
+        ("rec_ns", c_uint64),
+        ("by_sync", c_uint32),
+        ("pad", c_uint32),
+    ]
 
 
 class RecNetSend(S):
