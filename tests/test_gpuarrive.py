@@ -215,3 +215,20 @@ def test_an_unrecorded_collective_between_keeps_a_mark_from_bounding_the_next() 
     assert got[0][1] == [200, 260, "hq"]  # the end event right before it passed: tight
     assert got[1][2] == [200, 400, "he"]  # ... not right before it: only its own end bounds it
     assert sorted(got[1]) == [0, 2]  # positions in the step, whichever were recorded
+
+
+def test_recordings_told_out_of_order_fall_in_their_places() -> None:
+    """A recording is told when something refers to it (its completion, a wait): the allocator may
+    query a later mark first. Places come from BPF, so the bounds are those of the in-order telling."""
+    got = []
+    for order in ((0x70, 0x71), (0x71, 0x70)):
+        g = Proc()
+        g.record(0x70, C, 50)
+        ev = collective(g, 100, 0, timing=False)
+        g.record(0x71, C, 120)
+        for e in order:
+            g.done(e, {0x70: 90, 0x71: 0}[e], {0x70: 160, 0x71: 210}[e])
+        g.done(ev["end"], 0, 900)
+        g.close_step([0], 0, 40)
+        got.append(bounds(g.close_step([1], 1, 1000))[0])
+    assert got[0] == got[1] == [100, 210, "hq"]

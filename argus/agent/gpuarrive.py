@@ -27,6 +27,7 @@ bounds of the step closed before.
 from __future__ import annotations
 
 import bisect
+import operator
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, List, Optional, Set, Tuple
@@ -38,6 +39,7 @@ MAX_WAITS = 64  # marks a stream waits for before its next collective
 # 3,240 would (tensor-parallel rates), at 1/50 of the agent's work and of the summary's bytes.
 MAX_BOUNDS = 64
 NEVER = 1 << 63
+_BY_POS = operator.attrgetter("pos")
 
 
 @dataclass
@@ -86,6 +88,7 @@ class GpuArrival:
         self.streams: Set[int] = set()
         self.marks: Dict[int, List[Mark]] = {}  # stream -> its known marks by place
         self.at: Dict[Tuple[int, int], Mark] = {}  # (stream, place) -> mark
+        self.unsorted: Set[int] = set()  # streams whose marks came out of place order since the last step
         # stream -> (mark, the wait's place) it waits for before its next collective
         self.waits: Dict[int, List[Tuple[Mark, int]]] = {}
         self.colls: Dict[int, List[_Coll]] = {}  # epoch -> collectives enqueued in it
@@ -108,14 +111,9 @@ class GpuArrival:
         q = self.marks.get(stream)
         if q is None:
             q = self.marks[stream] = []
-        if not q or q[-1].pos < pos:
-            q.append(m)  # most come in order
-        else:
-            bisect.insort(q, m, key=_by_pos)
-        if len(q) > MAX_MARKS:
-            for old in q[: len(q) - MAX_MARKS]:
-                self.at.pop((old.stream, old.pos), None)
-            del q[: len(q) - MAX_MARKS]
+        if q and q[-1].pos > pos:
+            self.unsorted.add(stream)  # told late (completions come in query order): sorted per step
+        q.append(m)
         return m
 
     def on_event_done(
@@ -209,13 +207,18 @@ class GpuArrival:
             for comm, ts in self.coll_gpu.pop(e, {}).items():
                 cur.coll_gpu_ns.setdefault(comm, []).extend(ts)
         prev, self.pending = self.pending, cur
+        for s in self.unsorted:
+            self.marks[s].sort(key=_BY_POS)  # nearly sorted: linear
+        self.unsorted.clear()
         out = self._finish(prev, cur) if prev is not None else None
-        # marks before the pending step began bound nothing of it (its collectives were enqueued after)
+        # marks before the pending step began bound nothing of it (its collectives were enqueued
+        # after); past MAX_MARKS a stream keeps its newest
         for q in self.marks.values():
-            k = 0
+            k = max(0, len(q) - MAX_MARKS)
             while k < len(q) and q[k].ts < start_ns:
-                self.at.pop((q[k].stream, q[k].pos), None)
                 k += 1
+            for m in q[:k]:
+                self.at.pop((m.stream, m.pos), None)
             del q[:k]
         # what no step will claim: older epochs
         low = min(epochs, default=0)
@@ -228,8 +231,10 @@ class GpuArrival:
         bounds: Dict[Any, List[List[Any]]] = {}
         index, count = _instance_index(st.colls, st.firsts)
         stride = {comm: -(-n // MAX_BOUNDS) for comm, n in count.items()}
-        lo_tab = {s: _prefix_not_passed(q) for s, q in self.marks.items()}
-        hi_tab = {s: _suffix_passed(q) for s, q in self.marks.items()}
+        # the streams this step's collectives are on or wait for: tables of those only
+        used = {c.stream for c in st.colls} | {m.stream for c in st.colls for m in c.waits}
+        lo_tab = {s: _prefix_not_passed(q) for s, q in self.marks.items() if s in used}
+        hi_tab = {s: _suffix_passed(q) for s, q in self.marks.items() if s in used}
         for c in st.colls:
             i = index.get(id(c))
             if i is None or i % stride[c.comm]:
@@ -306,10 +311,6 @@ def _instance_index(
             for i, c in enumerate(sorted(cs, key=lambda c: c.seq)):
                 out[id(c)] = i
     return out, count
-
-
-def _by_pos(m: Mark) -> int:
-    return m.pos
 
 
 def _between(q: Deque[Tuple[int, _Coll]], a: int, b: int) -> List[Tuple[int, _Coll]]:

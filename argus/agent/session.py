@@ -151,10 +151,11 @@ class Session:
         if t is None:
             return
         t.alive = False
-        try:
-            del self.bpf["targets"][ctypes.c_uint32(pid)]
-        except KeyError:
-            pass
+        for name in ("targets", "stream_ops"):  # (stream_ops: a long --all run sees many processes)
+            try:
+                del self.bpf[name][ctypes.c_uint32(pid)]
+            except KeyError:
+                pass
         if "nccl" in self._channel_names:
             drain.forget_samples(self.bpf, pid)
         if self.py is not None:

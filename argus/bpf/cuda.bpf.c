@@ -12,6 +12,7 @@
  */
 
 #include "helpers.h"
+#include "marks.h"
 #include "pyhooks.h"
 
 #define CU_SUCCESS 0
@@ -133,45 +134,6 @@ int cuGraphLaunch_entry(struct pt_regs *ctx) {
 }
 int cuGraphLaunch_return(struct pt_regs *ctx) { return launch_return_common(ctx, CALL_cuGraphLaunch); }
 
-/* ---- event recordings: where on a stream, and what the GPU passed ------------------------------
- * (tgid, event) -> its latest recording and what queries found of it. An LRU: a framework that
- * creates events without end evicts its oldest, whose completions are then not told. */
-struct ev_key {
-    u32 tgid;
-    u32 pad;
-    u64 event;
-};
-struct ev_mark {
-    u64 stream;
-    u64 pos; /* next_op at the recording */
-    u64 ts;
-    u64 not_ready; /* entry of the last query that found this recording not complete, 0 if none */
-    u64 epoch;
-    u32 done; /* told (rec_event_done) */
-    u32 pad;
-};
-BPF_TABLE("lru_hash", struct ev_key, struct ev_mark, ev_marks, 16384);
-
-/* The GPU passed the event's latest recording by now: one record per recording, at the first query
- * that found it complete or the event sync that waited for it, carrying the recording's stream and
- * place. Not for a recording made before we attached: its place is unknown. */
-static __always_inline void event_passed(u32 tgid, u64 event, u32 call, u32 by_sync) {
-    struct ev_key k = {.tgid = tgid, .event = event};
-    struct ev_mark *m = ev_marks.lookup(&k);
-    if (!m || m->done) return;
-    m->done = 1;
-    struct rec_event_done *r = RECORD(rec_event_done, REC_EVENT_DONE, call, cur_epoch(tgid));
-    if (!r) return;
-    r->event = event;
-    r->not_ready_ns = m->not_ready;
-    r->stream = m->stream;
-    r->pos = m->pos;
-    r->rec_ns = m->ts;
-    r->by_sync = by_sync;
-    r->pad = 0;
-    record_submit(r);
-}
-
 /* ---- host-blocking synchronisation ------------------------------------------------------------ */
 
 /* (tgid, sync call, epoch it closed) -> the sync's record: drained like the sums (user space takes
@@ -219,7 +181,7 @@ static __always_inline int sync_exit(struct pt_regs *ctx, u32 call) {
         __builtin_memcpy(r, &v, sizeof(v));
         record_submit(r);
     }
-    if (call == CALL_cuEventSynchronize && rc == CU_SUCCESS) event_passed(tgid, s.a[0], call, 1);
+    if (call == CALL_cuEventSynchronize && rc == CU_SUCCESS) mark_passed(tgid, s.a[0], call, 1);
     return 0;
 }
 
@@ -329,18 +291,15 @@ RESULT_PROBE(cuMemFree_v2)
 int cuEventRecord_entry(struct pt_regs *ctx) {
     u32 tgid;
     if (!target(&tgid)) return 0;
-    u64 epoch = cur_epoch(tgid);
-    struct ev_key k = {.tgid = tgid, .event = PT_REGS_PARM1(ctx)};
-    /* a new recording: its completion is a new question */
-    struct ev_mark m = {.stream = PT_REGS_PARM2(ctx), .pos = next_op(tgid), .ts = bpf_ktime_get_ns(), .epoch = epoch};
-    ev_marks.update(&k, &m);
+    u64 epoch = cur_epoch(tgid), pos = next_op(tgid);
+    mark_record(tgid, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), pos, epoch);
     count_call(tgid, CALL_cuEventRecord, epoch);
 #ifdef ARGUS_RECORD
     struct rec_event_record *r = RECORD(rec_event_record, REC_EVENT_RECORD, CALL_cuEventRecord, epoch);
     if (r) {
-        r->event = k.event;
-        r->stream = m.stream;
-        r->pos = m.pos;
+        r->event = PT_REGS_PARM1(ctx);
+        r->stream = PT_REGS_PARM2(ctx);
+        r->pos = pos;
         record_submit(r);
     }
 #endif
@@ -399,7 +358,7 @@ int cuEventQuery_return(struct pt_regs *ctx) {
         if (m && !m->done) m->not_ready = s.enter_ns;
         return 0;
     }
-    if (rc == CU_SUCCESS) event_passed(tgid, s.a[0], CALL_cuEventQuery, 0);
+    if (rc == CU_SUCCESS) mark_passed(tgid, s.a[0], CALL_cuEventQuery, 0);
     return 0;
 }
 

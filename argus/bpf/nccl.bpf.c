@@ -14,6 +14,7 @@
  */
 
 #include "helpers.h"
+#include "marks.h"
 #include "pyhooks.h"
 
 struct seq_key {
@@ -101,6 +102,7 @@ static __always_inline int nccl_exit(struct pt_regs *ctx, u32 call) {
                 sv->skipped += 1;
                 sv->skip_ns = s.enter_ns;
                 sv->skip_pos = s.a[5];
+                mark_sampled_out(tgid);
                 return 0;
             }
             skipped = (u32)sv->skipped;
@@ -109,6 +111,7 @@ static __always_inline int nccl_exit(struct pt_regs *ctx, u32 call) {
             sv->skipped = 0;
         }
     }
+    if (call != CALL_ncclGroupEnd) mark_near_recorded(tgid, s.a[5]);
     struct rec_nccl *r = RECORD(rec_nccl, REC_NCCL, call, epoch);
     if (!r) return 0;
     r->comm = s.a[0];
