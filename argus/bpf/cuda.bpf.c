@@ -317,17 +317,19 @@ RESULT_PROBE(cuEventRecord)
 int cuStreamWaitEvent_entry(struct pt_regs *ctx) {
     u32 tgid;
     if (!target(&tgid)) return 0;
-    u64 pos = next_op(tgid);
-    struct rec_stream_wait *r = RECORD(rec_stream_wait, REC_STREAM_WAIT, CALL_cuStreamWaitEvent, cur_epoch(tgid));
-    if (!r) return 0;
-    r->stream = PT_REGS_PARM1(ctx);
-    r->event = PT_REGS_PARM2(ctx);
-    r->pos = pos;
-    struct ev_key k = {.tgid = tgid, .event = r->event};
+    struct rec_stream_wait w = {.stream = PT_REGS_PARM1(ctx), .event = PT_REGS_PARM2(ctx), .pos = next_op(tgid)};
+    fill_hdr(&w.h, REC_STREAM_WAIT, CALL_cuStreamWaitEvent, cur_epoch(tgid));
+    struct ev_key k = {.tgid = tgid, .event = w.event};
     struct ev_mark *m = ev_marks.lookup(&k);
-    r->mark_stream = m ? m->stream : 0;
-    r->mark_pos = m ? m->pos : 0;
-    r->mark_ns = m ? m->ts : 0;
+    if (m) {
+        w.mark_stream = m->stream;
+        w.mark_pos = m->pos;
+        w.mark_ns = m->ts;
+    }
+    if (mark_hold_wait(tgid, &w)) return 0; /* told with the stream's next collective, if recorded */
+    struct rec_stream_wait *r = ring_reserve(sizeof(w));
+    if (!r) return 0;
+    __builtin_memcpy(r, &w, sizeof(w));
     record_submit(r);
     return 0;
 }

@@ -9,8 +9,9 @@
  * (nccl.bpf.c `coll_sample`); the agent then reads the GPU-arrival evidence of those only, so a
  * completion is told only for a recording near one of them: up to MARK_NEAR_BEFORE stream
  * operations before it (PyTorch's event before the collective, the compute stream's marks of the
- * same layer) or MARK_NEAR_AFTER after (its end event). Until a process's first collective is
- * sampled (near_colls has no entry) every completion is told.
+ * same layer) or MARK_NEAR_AFTER after (its end event); a stream's waits are told only before a
+ * recorded collective. Until a process's first collective is sampled (near_colls has no entry)
+ * every completion and wait is told.
  */
 #ifndef ARGUS_MARKS_H
 #define ARGUS_MARKS_H
@@ -107,10 +108,58 @@ static __always_inline void mark_near_recorded(u32 tgid, u64 pos) {
     }
 }
 
-/* A collective sampled out at place `pos`: from now on only wanted completions are told. */
+/* A collective sampled out: from now on only wanted completions are told, and a stream's waits
+ * are held until its next collective. */
 static __always_inline void mark_sampled_out(u32 tgid) {
     struct near_state zero = {};
     near_colls.lookup_or_try_init(&tgid, &zero);
+}
+
+/* ---- waits: a stream's waits before a collective are read only for that collective ------------
+ * Under sampling, a stream's waits since its latest collective are held here and told just before
+ * its next collective's record, or forgotten when that one is not recorded. */
+#define MARK_WAITS 4 /* the newest held per stream (PyTorch waits once before each collective) */
+struct stream_key {
+    u32 tgid;
+    u32 pad;
+    u64 stream;
+};
+struct held_waits {
+    u64 n;
+    struct rec_stream_wait w[MARK_WAITS];
+};
+BPF_HASH(waits_held, struct stream_key, struct held_waits, 4096);
+
+/* Held (1) when the process is sampled, else told now by the caller (0). */
+static __always_inline int mark_hold_wait(u32 tgid, struct rec_stream_wait *w) {
+    if (!near_colls.lookup(&tgid)) return 0;
+    struct stream_key k = {.tgid = tgid, .stream = w->stream};
+    struct held_waits zero = {};
+    struct held_waits *hw = waits_held.lookup_or_try_init(&k, &zero);
+    if (!hw) return 0;
+    u64 i = hw->n & (MARK_WAITS - 1);
+    __builtin_memcpy(&hw->w[i], w, sizeof(*w));
+    hw->n += 1;
+    return 1;
+}
+
+/* The stream's next collective: its held waits told (recorded) or forgotten (sampled out). */
+static __always_inline void mark_waits_before(u32 tgid, u64 stream, int recorded) {
+    struct stream_key k = {.tgid = tgid, .stream = stream};
+    struct held_waits *hw = waits_held.lookup(&k);
+    if (!hw || !hw->n) return;
+    u64 n = hw->n;
+    hw->n = 0;
+    if (!recorded) return;
+    u64 first = n > MARK_WAITS ? n - MARK_WAITS : 0;
+#pragma unroll
+    for (int j = 0; j < MARK_WAITS; j++) {
+        if (first + j >= n) break;
+        struct rec_stream_wait *r = ring_reserve(sizeof(*r));
+        if (!r) return;
+        __builtin_memcpy(r, &hw->w[(first + j) & (MARK_WAITS - 1)], sizeof(*r));
+        record_submit(r);
+    }
 }
 
 #endif

@@ -103,6 +103,7 @@ static __always_inline int nccl_exit(struct pt_regs *ctx, u32 call) {
                 sv->skip_ns = s.enter_ns;
                 sv->skip_pos = s.a[5];
                 mark_sampled_out(tgid);
+                mark_waits_before(tgid, s.a[3], 0);
                 return 0;
             }
             skipped = (u32)sv->skipped;
@@ -111,7 +112,10 @@ static __always_inline int nccl_exit(struct pt_regs *ctx, u32 call) {
             sv->skipped = 0;
         }
     }
-    if (call != CALL_ncclGroupEnd) mark_near_recorded(tgid, s.a[5]);
+    if (call != CALL_ncclGroupEnd) {
+        mark_waits_before(tgid, s.a[3], 1);
+        mark_near_recorded(tgid, s.a[5]);
+    }
     struct rec_nccl *r = RECORD(rec_nccl, REC_NCCL, call, epoch);
     if (!r) return 0;
     r->comm = s.a[0];
