@@ -595,6 +595,9 @@ class Prober:
             self.redis.steps(steps)
 
     def _finish(self, s: sess.Session) -> None:
+        # the last steps and the Redis flush: a Ctrl-C (or the SIGINT of a supervisor stopping an
+        # agent that is already ending on its own) must not cut them short into "Aborted."
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             s.consume()
             if self.redis is not None:

@@ -30,6 +30,7 @@ import bisect
 import operator
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Deque, Dict, List, Optional, Set, Tuple
 
 MAX_MARKS = 8192  # per stream: a few steps' worth at PyTorch's rates
@@ -40,6 +41,9 @@ MAX_WAITS = 64  # marks a stream waits for before its next collective
 MAX_BOUNDS = 64
 NEVER = 1 << 63
 _BY_POS = operator.attrgetter("pos")
+_PASSED = operator.attrgetter("passed")
+_NOT_PASSED = operator.attrgetter("not_passed")
+_UNKNOWN = (NEVER, "-")
 
 
 @dataclass
@@ -330,29 +334,20 @@ _Table = Tuple[List[int], List[int], List[str], List[int]]
 
 
 def _prefix_not_passed(q: List[Mark]) -> Tuple[List[int], List[int]]:
-    """Latest time the GPU had surely not passed position p: the max over marks at or before p."""
-    pos, val, best = [], [], 0
-    for m in q:
-        best = max(best, m.not_passed)
-        pos.append(m.pos)
-        val.append(best)
-    return pos, val
+    """Latest time the GPU had surely not passed position p: the max over marks at or before p.
+    (Built per step over a few steps' marks: C-level passes, not a Python loop per mark.)"""
+    return list(map(_BY_POS, q)), list(accumulate(map(_NOT_PASSED, q), max))
 
 
 def _suffix_passed(q: List[Mark]) -> _Table:
     """Earliest time the GPU had surely passed position p: the min over marks at or after p."""
-    pos = [m.pos for m in q]
-    own = [m.passed for m in q]
-    val = [0] * len(pos)
-    src = ["-"] * len(pos)
-    best, how = NEVER, "-"
-    for k in range(len(pos) - 1, -1, -1):
-        m = q[k]
-        if m.passed and m.passed < best:
-            best, how = m.passed, "s" if m.by_sync else "q"
-        val[k] = best if best < NEVER else 0
-        src[k] = how
-    return pos, val, src, own
+    own = list(map(_PASSED, q))
+    keyed = [(t, "s" if m.by_sync else "q") if t else _UNKNOWN for t, m in zip(own, q)]
+    best = list(accumulate(reversed(keyed), min))
+    best.reverse()
+    val = [0 if t == NEVER else t for t, _ in best]
+    src = [h for _, h in best]
+    return list(map(_BY_POS, q)), val, src, own
 
 
 def _lookup_lo(tab: Optional[Tuple[List[int], List[int]]], p: int) -> int:

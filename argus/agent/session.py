@@ -151,10 +151,11 @@ class Session:
         if t is None:
             return
         t.alive = False
-        for name in ("targets", "stream_ops"):  # (stream_ops: a long --all run sees many processes)
+        # per-process BPF state keyed by pid alone (a long --all run sees many processes)
+        for name in ("targets", "stream_ops", "near_colls"):
             try:
                 del self.bpf[name][ctypes.c_uint32(pid)]
-            except KeyError:
+            except KeyError:  # no such entry, or no such map without its channel
                 pass
         if "nccl" in self._channel_names:
             drain.forget_samples(self.bpf, pid)
