@@ -232,3 +232,27 @@ def test_recordings_told_out_of_order_fall_in_their_places() -> None:
         g.close_step([0], 0, 40)
         got.append(bounds(g.close_step([1], 1, 1000))[0])
     assert got[0] == got[1] == [100, 210, "hq"]
+
+
+def test_timing_of_an_unrecorded_collective_is_not_a_framework_timer() -> None:
+    """With TORCH_NCCL_ENABLE_TIMING every collective gets start/end events and the watchdog reads
+    each one's elapsed time; past --coll-records only every n-th collective is recorded, and the
+    reads of the others bracket no recorded collective: consumed, neither a timer nor a GPU time."""
+    g = Proc()
+    collective(g, 100, 0)
+    ev1 = {"start": 0x2001, "end": 0x3001}
+    g.record(0x1001, C, 200)
+    g.wait(N, 0x1001)
+    g.record(ev1["start"], N, 201)
+    g.coll(0, "X", 1, N, 202, recorded=False)
+    g.record(ev1["end"], N, 203)
+    ev2 = collective(g, 300, 2)
+    assert g.elapsed(ev1["start"], ev1["end"], 40_000, 1)  # the unrecorded one: not a timer
+    assert g.elapsed(ev2["start"], ev2["end"], 30_000, 1)  # a recorded one: its GPU time
+    assert g.coll_gpu == {1: {"X": [30_000]}}
+    h = Proc()  # no collective sampled out on the stream: an empty interval stays a timer
+    h.record(0x51, N, 10)
+    collective(h, 100, 0, timing=False)
+    h.record(0x52, N, 300)
+    h.record(0x53, N, 310)
+    assert not h.elapsed(0x52, 0x53, 5, 0)

@@ -102,6 +102,7 @@ class GpuArrival:
         self.coll_gpu: Dict[int, Dict[Any, List[int]]] = {}  # epoch read in -> comm -> GPU ns
         self.pending: Optional[_Step] = None
         self.consumed_elapsed = 0
+        self.sampled_streams: Set[int] = set()  # streams a collective was sampled out on (skip_pos)
 
     # ---- inputs (argus.agent.tracker feeds its records) ----------------------------------------------
 
@@ -163,6 +164,8 @@ class GpuArrival:
         """A recorded collective at place `pos`; the last of its communicator with no record before it
         (sampled: nccl.bpf.c) was at `skip_pos` (0: none)."""
         self.streams.add(stream)
+        if skip_pos:
+            self.sampled_streams.add(stream)
         after = max(self.barrier.get(stream, 0), skip_pos)
         self.barrier[stream] = pos
         # only waits after the stream's previous collective, recorded or not, are this one's
@@ -183,6 +186,11 @@ class GpuArrival:
         if not start_pos or not end_pos or start_stream != end_stream or not q:
             return False
         inside = [c for p, c in _between(q, start_pos, end_pos)]
+        if not inside and start_stream in self.sampled_streams:
+            # a collective stream whose collectives are sampled: the two recordings bracket one
+            # that was not recorded (TORCH_NCCL_ENABLE_TIMING times every one), not a timer
+            self.consumed_elapsed += 1
+            return True
         if len(inside) != 1:
             return False
         self.coll_gpu.setdefault(epoch, {}).setdefault(inside[0].comm, []).append(ns)
