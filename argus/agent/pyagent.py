@@ -326,12 +326,10 @@ class PyAgent:
                 self.frames(t, rec.stack)
                 t.python.on_mark(rec)
             return True
-        if isinstance(rec, RecPyCall):
-            t = self.targets.get(rec.h.tgid)
-            if t is not None and t.python is not None:
-                t.python.on_call(rec)
-            return True
-        return False
+        t = self.targets.get(rec.h.tgid)  # a RecPyCall
+        if t is not None and t.python is not None:
+            t.python.on_call(rec)
+        return True
 
     def drain(self, final: Dict[int, int], final_before: Dict[int, int]) -> None:
         """Feed every complete epoch of the Python and host maps to the sections (the session's

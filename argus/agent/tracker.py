@@ -58,7 +58,6 @@ NOT_KEPT = "records kept per epoch (limit)"
 _STEP_MARKER = call_id(STEP_MARKER)
 GROUP_END = call_id("ncclGroupEnd")
 _STREAM_SYNC = call_id("cuStreamSynchronize")
-_EVENT_SYNC = call_id("cuEventSynchronize")
 _CTX_SYNC = call_id("cuCtxSynchronize")
 _EVENT_RECORD = call_id("cuEventRecord")
 

@@ -84,7 +84,7 @@ static __always_inline int nccl_exit(struct pt_regs *ctx, u32 call) {
     u64 epoch = cur_epoch(tgid), now = bpf_ktime_get_ns();
     u32 flags = (u32)((s.a[4] >> 16) & 0xffff);
     u32 skipped = 0;
-    u64 skip_ns = 0, skip_pos = 0;
+    u64 skip_pos = 0;
     if (call != CALL_ncclGroupEnd) {
         count_coll(tgid, call, epoch, &s, now);
         /* At tensor-parallel rates (thousands of collectives a step) a record per collective costs
@@ -100,14 +100,12 @@ static __always_inline int nccl_exit(struct pt_regs *ctx, u32 call) {
             sv->last_seq = s.a[1];
             if ((s.a[1] - sv->phase) % sv->stride) {
                 sv->skipped += 1;
-                sv->skip_ns = s.enter_ns;
                 sv->skip_pos = s.a[5];
                 mark_sampled_out(tgid);
                 mark_waits_before(tgid, s.a[3], 0);
                 return 0;
             }
             skipped = (u32)sv->skipped;
-            skip_ns = sv->skip_ns;
             skip_pos = sv->skip_pos;
             sv->skipped = 0;
         }
@@ -129,7 +127,6 @@ static __always_inline int nccl_exit(struct pt_regs *ctx, u32 call) {
     r->peer = (s32)(s.a[4] >> 32);
     r->result = (s32)rc;
     r->skipped = skipped;
-    r->skip_ns = skip_ns;
     r->pos = s.a[5];
     r->skip_pos = skip_pos;
     record_submit(r);

@@ -101,10 +101,9 @@ struct rec_nccl {
     u32 redop;
     s32 result;
     u32 flags; /* NCCL_F_* */
-    u32 skipped; /* collectives of this communicator not recorded since its previous record */
-    u64 skip_ns; /* host enter of the last of those (monotonic ns; 0: none) */
+    u32 skipped;  /* collectives of this communicator not recorded since its previous record */
     u64 pos;      /* the process's stream-operation count at entry (argus.h next_op) */
-    u64 skip_pos; /* ... of the last collective not recorded (0: none) */
+    u64 skip_pos; /* ... of the last of those (0: none) */
 };
 #define NCCL_F_IN_GROUP 1
 
@@ -121,7 +120,6 @@ struct sample_val {
     u64 stride;
     u64 phase;
     u64 skipped;
-    u64 skip_ns;
     u64 last_seq; /* of the communicator's latest collective, recorded or not (hangs: who is behind) */
     u64 skip_pos;
 };

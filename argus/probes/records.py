@@ -123,7 +123,6 @@ class RecNccl(S):
         ("result", c_int32),
         ("flags", c_uint32),
         ("skipped", c_uint32),
-        ("skip_ns", c_uint64),
         ("pos", c_uint64),
         ("skip_pos", c_uint64),
     ]
@@ -324,7 +323,6 @@ class SampleVal(S):
         ("stride", c_uint64),
         ("phase", c_uint64),
         ("skipped", c_uint64),
-        ("skip_ns", c_uint64),
         ("last_seq", c_uint64),
         ("skip_pos", c_uint64),
     ]
