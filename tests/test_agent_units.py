@@ -436,3 +436,35 @@ def test_an_epoch_never_closed_keeps_a_bounded_number_of_records(monkeypatch: py
     assert len(t.epochs[0].nccl) == 10
     assert t.drops_total == {tr.NOT_KEPT: 5}
     assert t.arrive.colls[0] and len(t.arrive.colls[0]) == 10  # the GPU-arrival side is bounded too
+
+
+def test_exec_check_reads_the_mappings_only_when_the_auxiliary_vector_changed() -> None:
+    """argus/agent/targets.py execed(): a PyTorch process's mappings run to thousands of lines, read
+    every 2 s for every rank; they are compared only when /proc/PID/auxv changed (an exec with
+    randomisation) or once a minute (an exec without)."""
+    import subprocess
+    import time
+
+    from argus.agent import targets as tg
+    from argus.agent.attach import image_of
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        pid = child.pid
+        t = tg.Target(pid, from_environ({}, pid, "h"), make_tracker(), {}, image=image_of(pid, {}))
+        assert t.image  # the vdso at least
+        now = time.monotonic()
+        assert tg.execed({pid: t}, now) == []  # compared once: the same image
+        assert t.auxv and t.image_checked == now
+        real = t.image
+        t.image = (("[vdso]", 1),)  # as if the image had moved: unseen while auxv is the same ...
+        assert tg.execed({pid: t}, now + 2) == []
+        assert tg.execed({pid: t}, now + tg.IMAGE_RECHECK_S + 1) == [pid]  # ... until the minute is up
+        assert tg.execed({pid: t}, now + tg.IMAGE_RECHECK_S + 3) == []  # (checked 2 s ago)
+        t.auxv = b"another program's"
+        assert tg.execed({pid: t}, now + tg.IMAGE_RECHECK_S + 5) == [pid]  # auxv changed: at once
+        t.image = real
+        assert tg.execed({pid: t}, now + tg.IMAGE_RECHECK_S + 7) == []
+    finally:
+        child.kill()
+        child.wait()

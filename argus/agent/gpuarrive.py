@@ -41,12 +41,13 @@ MAX_WAITS = 64  # marks a stream waits for before its next collective
 MAX_BOUNDS = 64
 NEVER = 1 << 63
 _BY_POS = operator.attrgetter("pos")
+_BY_SEQ = operator.attrgetter("seq")
 _PASSED = operator.attrgetter("passed")
 _NOT_PASSED = operator.attrgetter("not_passed")
 _UNKNOWN = (NEVER, "-")
 
 
-@dataclass
+@dataclass(slots=True)  # thousands made a second at tensor-parallel rates
 class Mark:
     """A point of a stream the GPU passes: an event recording or a host sync of the stream."""
 
@@ -58,7 +59,7 @@ class Mark:
     by_sync: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class _Coll:
     epoch: int
     comm: Any  # the communicator's key (CommInfo.key)
@@ -241,16 +242,14 @@ class GpuArrival:
 
     def _finish(self, st: _Step, nxt: _Step) -> Optional[Dict[str, Any]]:
         bounds: Dict[Any, List[List[Any]]] = {}
-        index, count = _instance_index(st.colls, st.firsts)
+        indexed, count = _instance_index(st.colls, st.firsts)
         stride = {comm: -(-n // MAX_BOUNDS) for comm, n in count.items()}
-        # the streams this step's collectives are on or wait for: tables of those only
-        used = {c.stream for c in st.colls} | {m.stream for c in st.colls for m in c.waits}
+        chosen = [(i, c) for i, c in indexed if not i % stride[c.comm]]
+        # the streams the chosen collectives are on or wait for: tables of those only
+        used = {c.stream for _, c in chosen} | {m.stream for _, c in chosen for m in c.waits}
         lo_tab = {s: _prefix_not_passed(q) for s, q in self.marks.items() if s in used}
         hi_tab = {s: _suffix_passed(q) for s, q in self.marks.items() if s in used}
-        for c in st.colls:
-            i = index.get(id(c))
-            if i is None or i % stride[c.comm]:
-                continue
+        for i, c in chosen:
             if c.waits:
                 # the collective waits for marks of other streams (PyTorch: the compute stream's
                 # event before it): when the GPU's compute got there, however long the NCCL stream
@@ -303,25 +302,25 @@ class GpuArrival:
 
 def _instance_index(
     colls: List[_Coll], firsts: Dict[Any, Tuple[int, int]]
-) -> Tuple[Dict[int, int], Dict[Any, int]]:
-    """Each recorded collective's index among its communicator's in the step (its position: the
-    same on every member whichever were recorded), and each communicator's count: from its first
-    sequence number and count in the step where BPF counted them, else by order of the records."""
+) -> Tuple[List[Tuple[int, _Coll]], Dict[Any, int]]:
+    """(index, collective) for each recorded collective, by communicator in order of their first
+    record: its index among its communicator's in the step (its position: the same on every member
+    whichever were recorded); and each communicator's count. Both from its first sequence number and
+    count in the step where BPF counted them, else by order of the records."""
     per: Dict[Any, List[_Coll]] = {}
     for c in colls:
         per.setdefault(c.comm, []).append(c)
-    out: Dict[int, int] = {}
+    out: List[Tuple[int, _Coll]] = []
     count: Dict[Any, int] = {}
     for comm, cs in per.items():
         known = firsts.get(comm)
         if known is not None:
             first, count[comm] = known
-            for c in cs:
-                out[id(c)] = c.seq - first
+            out += [(c.seq - first, c) for c in cs]
         else:
             count[comm] = len(cs)
-            for i, c in enumerate(sorted(cs, key=lambda c: c.seq)):
-                out[id(c)] = i
+            order = {id(c): i for i, c in enumerate(sorted(cs, key=_BY_SEQ))}
+            out += [(order[id(c)], c) for c in cs]  # (in record order, as the bounds are listed)
     return out, count
 
 

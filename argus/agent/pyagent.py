@@ -268,6 +268,12 @@ class PyAgent:
             self._mark_precise(codes, frames)
         return frames
 
+    def _seen_stack(self, t: PyTarget, k: Any) -> None:
+        """A drain saw this stack: named now, while the process is alive (once: per entry, per drain)."""
+        stack = k.stack
+        if stack not in t.frames:
+            self.frames(t, stack)
+
     def _mark_precise(self, codes: List[int], frames: List[Frame]) -> None:
         tbl = self.bpf["py_precise"]
         for code, f in zip(codes, frames):
@@ -347,7 +353,7 @@ class PyAgent:
                 lambda t, k, v: (
                     t.python.add_prof(k.epoch, k.tid, k.stack, k.kind, v.count, v.ns) if t.python else None
                 ),
-                seen=lambda t, k: self.frames(t, k.stack),  # resolved while the process is alive
+                seen=self._seen_stack,  # resolved while the process is alive
             )
             take(
                 self.bpf["py_owed"],
@@ -355,7 +361,7 @@ class PyAgent:
                 final,
                 final_before,
                 lambda t, k, v: t.python.add_owed(k.epoch, k.stack, k.call, v.value) if t.python else None,
-                seen=lambda t, k: self.frames(t, k.stack),
+                seen=self._seen_stack,
             )
             take(
                 self.bpf["py_gc"],

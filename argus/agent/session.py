@@ -16,7 +16,7 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from argus.agent import bpfprog, clock, drain
 from argus.agent.attach import ALL_CHANNELS, AUX_CHANNELS, Attacher, SlowProbe, image_of, inspect
@@ -28,8 +28,11 @@ from argus.agent.tracker import RankTracker
 from argus.errors import ArgusError
 from argus.probes import cpython, libnccl
 from argus.probes.base import Channel, call_channel, call_name
-from argus.probes.records import DecodeError, TargetCfg, decode_from
+from argus.probes.records import DecodeError, RecPyCall, RecPyMark, TargetCfg, decode_from
 from argus.schema import RankStep, to_probe_json
+
+PY_RECORDS = frozenset((RecPyMark, RecPyCall))  # the Python channel's: its section takes them
+_BYTES: Dict[int, Any] = {}  # record size -> its ctypes byte array type (made once, not per record)
 
 
 @dataclass
@@ -74,7 +77,7 @@ class Session:
                 f"{self.keeper.error}: a SIGKILL of the agent may leave probes behind"
             )
         self.attacher = Attacher(self.bpf, self.opts, self.keeper, self.health, launch_window)
-        self.bpf["records"].open_ring_buffer(self._on_ring)
+        _open_ring(self.bpf, "records", self._on_ring)
         self.started_ns = time.monotonic_ns()
         self.py: Any = None  # the Python and host channels (argus/agent/pyagent.py)
         names = {c.name for c in self.channels}
@@ -200,10 +203,12 @@ class Session:
     # ---- the loop ------------------------------------------------------------------------------------
 
     def _on_ring(self, _ctx: Any, data: Any, size: int) -> int:
-        # an int, always: bcc's wrapper calls int() on what this returns and catches the TypeError
-        # of None, which cost more than decoding the record (per record, tens of thousands a second)
+        # called by libbpf straight (_open_ring): an int, always, and nothing raised but what a bug raises
         try:
-            rec = decode_from((ctypes.c_char * size).from_address(data), 0, size)
+            arr = _BYTES.get(size)
+            if arr is None:
+                arr = _BYTES[size] = ctypes.c_char * size
+            rec = decode_from(arr.from_address(data), 0, size)
         except DecodeError:
             self.health.decode_errors += 1
             return 0
@@ -211,13 +216,16 @@ class Session:
         return 0
 
     def _on_record(self, rec: Any) -> None:
-        if self.py is not None and self.py.on_record(rec):
+        if type(rec) in PY_RECORDS and self.py is not None:
+            self.py.on_record(rec)
             return
-        seen = self.last_record.get(rec.h.tgid)
+        h = rec.h  # (each access of a ctypes member makes a new object: once)
+        tgid = h.tgid
+        seen = self.last_record.get(tgid)
         if seen is None:
-            seen = self.last_record[rec.h.tgid] = {}
-        seen[rec.h.tid] = rec.h.ts
-        t = self.targets.get(rec.h.tgid)
+            seen = self.last_record[tgid] = {}
+        seen[h.tid] = h.ts
+        t = self.targets.get(tgid)
         if t is not None:
             t.tracker.on_record(rec)
 
@@ -343,3 +351,19 @@ class Session:
             self.bpf.cleanup()
         except Exception:  # detaching during interpreter shutdown must not raise
             pass
+
+
+def _open_ring(bpf: Any, name: str, cb: Callable[[Any, Any, int], int]) -> None:
+    """Our callback called straight from libbpf's loop. bcc's `open_ring_buffer` wraps it in a Python
+    function (a frame, a try and an int() per record: a tenth of the agent's cost per record at tensor-
+    parallel rates); `cb` returns an int and raises nothing, so the wrapper adds nothing."""
+    tbl = bpf[name]
+    try:
+        from bcc.libbcc import _RINGBUF_CB_TYPE
+
+        fn = _RINGBUF_CB_TYPE(cb)
+        bpf._open_ring_buffer(tbl.map_fd, fn, None)
+    except (ImportError, AttributeError):  # another bcc: its own wrapper
+        tbl.open_ring_buffer(cb)
+        return
+    tbl._cbs[0] = fn  # bcc keeps it alive there, as open_ring_buffer does

@@ -29,6 +29,8 @@ class Target:
     flushed: bool = False  # after exit: the tail was emitted
     layout: libnccl.CommLayout = libnccl.UNKNOWN_LAYOUT  # how its communicators are identified
     image: Tuple[Tuple[str, int], ...] = ()  # where its libraries and vdso sit: an exec moves them
+    auxv: bytes = b""  # its auxiliary vector when `image` was last compared (an exec changes it)
+    image_checked: float = 0.0  # when (monotonic s)
 
 
 def process_gone(pid: int) -> bool:
@@ -50,15 +52,36 @@ def read_process(pid: int, addr: int, n: int) -> Optional[bytes]:
         return None
 
 
-def execed(targets: Mapping[int, Target]) -> List[int]:
+# How often the mappings are compared when the auxiliary vector did not change: an exec with address
+# randomisation off (gdb, setarch -R) leaves it the same.
+IMAGE_RECHECK_S = 60.0
+
+
+def read_auxv(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/auxv", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def execed(targets: Mapping[int, Target], now: Optional[float] = None) -> List[int]:
     """Live targets that ran exec since they were added: a new program in the same pid (its
-    address space is new: the libraries and the vdso moved, or are gone)."""
+    address space is new: the libraries and the vdso moved, or are gone). The mappings of a PyTorch
+    process run to thousands of lines, so they are compared only when the auxiliary vector (a few
+    hundred bytes: the vdso's and the stack's random places) changed, or once a minute."""
+    now = time.monotonic() if now is None else now
     out = []
     for pid, t in targets.items():
-        if t.alive and t.image and not process_gone(pid):
-            now = image_of(pid, t.libraries)
-            if now and now != t.image:
-                out.append(pid)
+        if not t.alive or not t.image or process_gone(pid):
+            continue
+        auxv = read_auxv(pid)
+        if auxv and auxv == t.auxv and now - t.image_checked < IMAGE_RECHECK_S:
+            continue
+        t.auxv, t.image_checked = auxv, now
+        image = image_of(pid, t.libraries)
+        if image and image != t.image:
+            out.append(pid)
     return out
 
 

@@ -248,7 +248,9 @@ class RankTracker:
 
     def on_record(self, r: Record) -> None:
         self.records_seen += 1
-        if type(r) is RecNccl:  # the most frequent record by far: first, and lean
+        if type(r) is RecEventDone:  # the most frequent at PyTorch's rates (its events' completions)
+            self.arrive.on_event_done(r.stream, r.pos, r.rec_ns, r.not_ready_ns, r.h.ts, bool(r.by_sync))
+        elif type(r) is RecNccl:  # then collectives: lean
             h = r.h
             if h.call == GROUP_END:
                 if not r.flags & NCCL_F_IN_GROUP:  # the outermost: where a group's operations ran
@@ -278,9 +280,7 @@ class RankTracker:
             elif call == _CTX_SYNC:
                 self.arrive.on_ctx_sync(r.pos, r.enter_ns, r.h.ts)
             # (an event sync's completion comes as a RecEventDone: argus/bpf/cuda.bpf.c)
-        elif isinstance(r, RecEventDone):
-            self.arrive.on_event_done(r.stream, r.pos, r.rec_ns, r.not_ready_ns, r.h.ts, bool(r.by_sync))
-        elif isinstance(r, RecStreamWait):
+        elif type(r) is RecStreamWait:
             self.arrive.on_stream_wait(r.stream, r.pos, r.mark_stream, r.mark_pos, r.mark_ns, r.h.ts)
         elif isinstance(r, RecNetSend):
             self.arrive.on_net_send(r.h.epoch, r.h.ts, r.prev_ns)
@@ -542,13 +542,13 @@ class RankTracker:
         data = [self.epochs.get(e) or EpochData() for e in epochs]
         start_sync = self.last_boundary_sync
         end_sync = data[-1].sync
-        # a tail (no closing sync): the last record seen stands in for the end
-        seen = [r.h.ts for d in data for r in (*d.nccl, *d.elapsed, *([d.sync] if d.sync else []))]
-        end_ns = end_sync.h.ts if end_sync else max(seen, default=0)
+        # a tail (no closing sync): the last record seen stands in for the end (read only then:
+        # thousands of records a step at tensor-parallel rates)
+        end_ns = end_sync.h.ts if end_sync else max(_record_times(data), default=0)
         start_ns = (
             start_sync.h.ts
             if start_sync
-            else (data[0].sync.enter_ns if data[0].sync else min(seen, default=end_ns))
+            else (data[0].sync.enter_ns if data[0].sync else min(_record_times(data), default=end_ns))
         )
         step, source = self._step_index(data)
         self.ordinal += 1
@@ -854,3 +854,8 @@ class RankTracker:
             "calls": dict(calls),
             "inits": inits,
         }
+
+
+def _record_times(data: List[EpochData]) -> List[int]:
+    """When each kept record of these epochs was made."""
+    return [r.h.ts for d in data for r in (*d.nccl, *d.elapsed, *([d.sync] if d.sync else []))]
