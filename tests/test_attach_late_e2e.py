@@ -173,8 +173,8 @@ def test_straggler_named_from_every_nth_collective(
     monkeypatch: pytest.MonkeyPatch, fam: str, steps: int, at: int, keep: int
 ) -> None:
     """The issue's case with the agent keeping fewer collective records per communicator and step
-    than the job issues (`--coll-records`, default 64: the `tp` preset's 3,200 a rank-step become
-    64): BPF records every n-th, the same ones on every rank whenever its agent attached, and
+    than the job issues (`--coll-records`, default 32: the `tp` preset's 3,200 a rank-step become
+    32): BPF records every n-th, the same ones on every rank whenever its agent attached, and
     counts the rest; the straggler is still named, alone, as soon. Both families of stand-ins."""
     monkeypatch.setenv("ARGUS_PROBE_COLL_RECORDS", str(keep))
     c = collect_late(fam, 8, steps, "dp", ["straggler:rank=5,factor=1.35"], at, 10)

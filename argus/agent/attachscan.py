@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from argus.agent import threadscan
 from argus.agent.threadscan import LibraryText, NativeFrame, ProcessScan
@@ -114,6 +114,9 @@ class AttachScans:
     def __init__(self) -> None:
         self._texts: Dict[Tuple[int, int], LibraryText] = {}  # per library file, rebased per process
         self.state: Dict[int, AttachState] = {}
+        # pids with threads found blocked and not yet seen leaving: the session keeps their threads'
+        # latest record times (for still_blocked) and no one else's
+        self.blocked_pids: Set[int] = set()
 
     def _libraries(self, pid: int, libs: Sequence[LibraryProbes]) -> List[LibraryText]:
         out = []
@@ -153,6 +156,10 @@ class AttachScans:
                 comm = comm_on_stack(pid, sp_pc[0], is_comm) if is_comm and channel == "nccl" else 0
                 st.blocked.append(Blocked(t.tid, call, now, *sp_pc, comm=comm, channel=channel))
         self.state[pid] = st
+        if st.blocked:
+            self.blocked_pids.add(pid)
+        else:
+            self.blocked_pids.discard(pid)
         return st
 
     def still_blocked(
@@ -168,9 +175,11 @@ class AttachScans:
         longer than a scan waits, and dropping it would name a blocked rank as the one missing."""
         st = self.state.get(pid)
         if st is None or not st.blocked:
+            self.blocked_pids.discard(pid)
             return []
         if steps > st.steps_at_scan:
             st.blocked = []  # the process ended a step: it is not hung
+            self.blocked_pids.discard(pid)
             return []
         keep: List[Blocked] = []
         rescan: Optional[ProcessScan] = None
@@ -200,6 +209,8 @@ class AttachScans:
                             continue
             keep.append(b)
         st.blocked = keep
+        if not keep:
+            self.blocked_pids.discard(pid)
         return keep
 
     def where(self, pid: int, libs: Sequence[LibraryProbes], python: Optional[Interpreter]) -> str:
@@ -215,3 +226,4 @@ class AttachScans:
 
     def forget(self, pid: int) -> None:
         self.state.pop(pid, None)
+        self.blocked_pids.discard(pid)

@@ -43,9 +43,12 @@ class BpfOptions:
     python_coll_every: int = 4  # ... and at every n-th collective
     record: bool = False  # `argus record`: a record per call, sample and off-CPU span
     # collective records per communicator and step at most; past it every n-th, the rest summed in
-    # BPF (nccl.bpf.c): at tensor-parallel rates a record per collective was most of the agent's CPU.
+    # BPF (nccl.bpf.c): at tensor-parallel rates a record per collective was most of the agent's CPU,
+    # and each recorded one still brings its completions, waits and a bound (docs/benchmarks.md 8.10:
+    # 64 -> 32 took the agent from 1.8% to 1.35% of a core for 8 tp ranks); a straggler is late at
+    # every collective, named from 2-4 a step (tests/test_attach_late_e2e.py every-nth).
     # 0: every collective (`argus record` always)
-    coll_records: int = 64
+    coll_records: int = 32
 
     @property
     def launch_returns(self) -> bool:

@@ -91,14 +91,15 @@ class PythonSection:
         v[1] += ns
 
     def on_mark(self, r: RecPyMark) -> None:
-        marks = self._epoch(r.h.epoch).marks
-        marks[(r.stack, mark_key(r.h.call))] += r.weight
+        h, stack = r.h, r.stack  # (each read of a ctypes member makes an object: once)
+        marks = self._epoch(h.epoch).marks
+        marks[(stack, mark_key(h.call))] += r.weight
         # event records are not walked (argus/bpf/python.bpf.c, PY_HIT_EVENT): they force a walk at the
         # thread's next launch, which counts them and gives them its phase
         if r.events:
-            marks[(r.stack, "event_records")] += r.events
-        self.mark_ts.append(r.h.ts)
-        self.mark_stack.append(r.stack)
+            marks[(stack, "event_records")] += r.events
+        self.mark_ts.append(h.ts)
+        self.mark_stack.append(stack)
         if len(self.mark_ts) > 2 * MAX_MARKS:
             del self.mark_ts[:MAX_MARKS], self.mark_stack[:MAX_MARKS]
 

@@ -64,7 +64,8 @@ class Session:
         self.health = Health()
         self._layouts: Dict[Tuple[int, int], libnccl.CommLayout] = {}
         self.scans = AttachScans()  # threads already blocked in a probed call when we attached
-        self.last_record: Dict[int, Dict[int, int]] = {}  # pid -> tid -> ts of its latest ring record
+        # pid -> tid -> ts of its latest ring record, for pids with threads blocked at attach only
+        self.last_record: Dict[int, Dict[int, int]] = {}
         self.identities = Identities()
         self._channel_names = frozenset(c.name for c in self.channels)
         bpfprog.preflight()
@@ -219,12 +220,13 @@ class Session:
         if type(rec) in PY_RECORDS and self.py is not None:
             self.py.on_record(rec)
             return
-        h = rec.h  # (each access of a ctypes member makes a new object: once)
-        tgid = h.tgid
-        seen = self.last_record.get(tgid)
-        if seen is None:
-            seen = self.last_record[tgid] = {}
-        seen[h.tid] = h.ts
+        tgid = rec.h.tgid
+        if tgid in self.scans.blocked_pids:  # a thread found blocked at attach: has it left?
+            h = rec.h
+            seen = self.last_record.get(tgid)
+            if seen is None:
+                seen = self.last_record[tgid] = {}
+            seen[h.tid] = h.ts
         t = self.targets.get(tgid)
         if t is not None:
             t.tracker.on_record(rec)
