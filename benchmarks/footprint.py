@@ -9,7 +9,8 @@ Each run starts the simulated job (data parallel for the default preset; tensor 
 stay; every rank on this host) and lets it run, then starts `argus probe --json -i 1s` (all
 channels) on its ranks, as an on-call engineer would. Measured: time to the "Tracing" line (BPF
 compile + attach), time to the first JSON line on stdout (first complete step after attach), the
-agent's CPU share from "Tracing" until the job ends (% of one core), its peak RSS (VmHWM) and the
+agent's CPU share from "Tracing" until the job ends (% of one core) and from its first data on (the
+steady state, without the start-up: attach scans, steps before sampling engages), its peak RSS (VmHWM) and the
 collectives per rank-step it reported (the rates measured). Median over --reps runs.
 """
 
@@ -62,17 +63,27 @@ def run_one(ranks: int, steps: int, tmp: Path, preset: str = "default") -> Dict[
             raise
         obs.mark()
         first = None
+        at_first = (0.0, 0.0)  # (agent CPU s, monotonic s) at its first data: the steady state after
         while any(p.poll() is None for p in job.procs.values()):
             obs.touch()
             if first is None and out.exists() and out.stat().st_size > 0:
                 first = time.monotonic() - obs.t_start
+                at_first = (obs.cpu_last, obs.t_last)
             time.sleep(0.05)
         job.wait()
         cpu = obs.cpu_share()
+        steady = (obs.cpu_last - at_first[0]) / max(1e-9, obs.t_last - at_first[1]) if first else float("nan")
         obs.wait(timeout=120)
         if first is None:
             first = float("nan")
-        return {"ready": ready, "first": first, "cpu": cpu, "rss": obs.hwm_kb / 1024, "colls": _colls(out)}
+        return {
+            "ready": ready,
+            "first": first,
+            "cpu": cpu,
+            "steady": steady,
+            "rss": obs.hwm_kb / 1024,
+            "colls": _colls(out),
+        }
     finally:
         job.stop()
         if obs is not None and obs.p.poll() is None:
@@ -111,9 +122,9 @@ def main() -> int:
     print(f"the agent started on a running job; median of {reps} run(s)\n")
     print(
         "| preset | steps | probed ranks | collectives per rank-step | start → tracing (s) "
-        "| start → first data (s) | agent CPU (% of a core) | agent peak RSS (MB) |"
+        "| start → first data (s) | agent CPU (% of a core) | after first data | agent peak RSS (MB) |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory(prefix="argus-fp-") as t:
         for preset in presets:
             steps = 80 if a.quick else (a.steps or STEPS[preset])
@@ -124,7 +135,7 @@ def main() -> int:
                 m = {k: med([r[k] for r in rs]) for k in rs[0]}
                 print(
                     f"| {preset} | {steps} | {n} | {m['colls']:.0f} | {m['ready']:.1f} | {m['first']:.1f} "
-                    f"| {100 * m['cpu']:.1f}% | {m['rss']:.0f} |",
+                    f"| {100 * m['cpu']:.1f}% | {100 * m['steady']:.1f}% | {m['rss']:.0f} |",
                     flush=True,
                 )
     return 0

@@ -468,3 +468,40 @@ def test_exec_check_reads_the_mappings_only_when_the_auxiliary_vector_changed() 
     finally:
         child.kill()
         child.wait()
+
+
+def test_an_epoch_still_open_after_many_collectives_is_sampled_then_sparser() -> None:
+    """No epoch is final yet (the first steps after attach, or a job without host syncs): past
+    8 x --coll-records collective records in the open epoch its busy communicator is sampled at
+    once (every 8th of 256 seen), 8 x sparser past 64 x; the stride of the first final epoch with
+    BPF's exact count replaces it, and a communicator already aligned to the steps is left alone."""
+    from argus.probes.records import CollKey, CollVal
+
+    t = RankTracker(from_environ({}, 7, "h"), libnccl.CommLayout("table", 8, 16, 20), coll_records=32)
+    for seq in range(255):
+        t.on_record(nccl_rec(1, 0xC0, seq, 1000 + seq))
+    assert t.take_samples() == []
+    t.on_record(nccl_rec(1, 0xC0, 255, 2000))
+    assert t.take_samples() == [(0xC0, 8, 0)]  # 256 records of one communicator / 32
+    for seq in range(256, 256 + 8 * 224):  # (BPF now records every 8th: the agent sees 1 in 8)
+        if seq % 8 == 0:
+            t.on_record(nccl_rec(1, 0xC0, seq, 3000 + seq))
+    got = t.take_samples()
+    assert got == [] and len(t.epochs[1].nccl) == 256 + 224
+    for seq in range(2048 * 8, 2048 * 8 + 8 * (2048 - 480)):
+        if seq % 8 == 0:
+            t.on_record(nccl_rec(1, 0xC0, seq, 4000 + seq))
+    assert t.take_samples() == [(0xC0, 64, 0)]  # at 2,048 records: 8 x sparser
+    # the epoch closes: BPF's sums say 3,200 collectives in it -> every 100th
+    t.add_colls(
+        CollKey(tgid=7, call=call_id("ncclAllReduce"), epoch=1, comm=0xC0, dtype=9),
+        CollVal(count=3200, elems=3200, host_ns=1, first_seq=0, first_enter=1000, last_exit=9000),
+    )
+    t.on_record(sync_rec(1, 10_000, 11_000))
+    t.finalize(2, 0)
+    assert t.take_samples() == [(0xC0, 100, 0)]
+    # aligned to the steps (as _want_samples does): an open epoch's marks leave it alone
+    t._provisional.discard(0xC0)
+    for seq in range(256):
+        t.on_record(nccl_rec(3, 0xC0, 10_000 + seq, 20_000 + seq))
+    assert t.take_samples() == [] and t.sampled[0xC0] == (100, 0)

@@ -54,6 +54,9 @@ MAX_PENDING_EPOCHS = 4096
 # never syncs, or `--no-cuda`) kept every record for as long as the agent ran (400 MB in a minute at
 # tensor-parallel rates); past this the records are counted as not kept (the step's sums stay exact)
 MAX_EPOCH_RECORDS = 1 << 17
+# An epoch still open at 8 x --coll-records collective records has its busy communicators sampled,
+# 8 x sparser at 64 x (RankTracker._sample_open_epoch)
+OPEN_EPOCH_MARK = 8
 NOT_KEPT = "records kept per epoch (limit)"
 _STEP_MARKER = call_id(STEP_MARKER)
 GROUP_END = call_id("ncclGroupEnd")
@@ -237,6 +240,9 @@ class RankTracker:
         self._sample_new: List[Tuple[int, int, int]] = []  # (handle, stride, phase) not yet in BPF
         self._coll_n: Dict[int, int] = {}  # comm handle -> its collectives in the previous step
         self._provisional: Set[int] = set()  # sampled before steps were cut: phase not aligned yet
+        # an open epoch's record counts at which its busy communicators are sampled (more sparsely)
+        k = coll_records
+        self._open_marks = {OPEN_EPOCH_MARK * k, OPEN_EPOCH_MARK**2 * k} if k > 0 else set()
 
     def epoch(self, e: int) -> EpochData:
         d = self.epochs.get(e)
@@ -261,6 +267,8 @@ class RankTracker:
                 self.drops_total[NOT_KEPT] = self.drops_total.get(NOT_KEPT, 0) + 1
                 return
             kept.append(r)
+            if len(kept) in self._open_marks:
+                self._sample_open_epoch(kept)
             comm = r.comm
             self.called.add(comm)
             info = self.comms.get(comm)
@@ -697,11 +705,32 @@ class RankTracker:
             if handle and call not in P2P_CALLS:
                 n[handle] += v[0]
         for handle, count in n.items():
-            if count > 2 * k and handle not in self.sampled:
-                stride = -(-count // k)
-                self.sampled[handle] = (stride, 0)
-                self._provisional.add(handle)
-                self._sample_new.append((handle, stride, 0))
+            # (a provisional stride from an open epoch's first records is set right here)
+            if count > 2 * k and (handle not in self.sampled or handle in self._provisional):
+                self._provisional_stride(handle, -(-count // k))
+
+    def _sample_open_epoch(self, kept: List[RecNccl]) -> None:
+        """An epoch still open after many collective records: the job's first steps after attach
+        (an epoch is sampled only once it is final, two drains after its sync), or no host sync
+        for a long while (a job that syncs rarely; `--no-cuda`). Its busy communicators are sampled
+        now, and more sparsely at the next mark, or every record of the epoch is kept: thousands a
+        second at tensor-parallel rates (the agent's start-up burst), without bound with no sync."""
+        k = self.coll_records
+        n = Counter(r.comm for r in kept if r.comm and r.h.call not in P2P_CALLS)
+        for handle, count in n.items():
+            if count <= 2 * k:
+                continue
+            old = self.sampled.get(handle)
+            if old is None:
+                self._provisional_stride(handle, -(-count // k))
+            elif handle in self._provisional:
+                self._provisional_stride(handle, old[0] * OPEN_EPOCH_MARK)  # (aligned ones stay)
+
+    def _provisional_stride(self, handle: int, stride: int) -> None:
+        if self.sampled.get(handle) != (stride, 0):
+            self.sampled[handle] = (stride, 0)
+            self._provisional.add(handle)
+            self._sample_new.append((handle, stride, 0))
 
     def _want_samples(self, colls: Dict[int, Tuple[int, int]]) -> None:
         """After a step: communicators with more collectives than `coll_records` in it and in the
