@@ -70,7 +70,7 @@ def entries(tbl: Any) -> List[Tuple[Any, Any]]:
             if first:  # the kernel has no batch operations for this map: per key from now on
                 _no_batch.add(fd)
                 return list(tbl.items())
-            raise OSError(err, f"BPF_MAP_LOOKUP_BATCH: {errno.errorcode.get(err, err)}")
+            return out  # what was read; the rest stays in the map for the next drain
         out.extend(zip(_objects(tbl.Key, keys, n), _objects(tbl.Leaf, vals, n)))
         first = False
         if res != 0:  # ENOENT: that was the last of them
@@ -96,7 +96,8 @@ def delete(tbl: Any, keys: List[Any]) -> None:
         cnt = ctypes.c_uint32(len(keys))
         if lib.bpf_delete_batch(fd, ctypes.byref(arr), ctypes.byref(cnt)) == 0:
             return
-        keys = keys[cnt.value :]  # stopped at a key not there (ENOENT): the rest one by one
+        if ctypes.get_errno() == errno.ENOENT:
+            keys = keys[cnt.value :]  # stopped at a key not there: it and the rest one by one
     for k in keys:
         try:
             del tbl[k]
