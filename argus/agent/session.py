@@ -32,7 +32,6 @@ from argus.probes.records import DecodeError, RecPyCall, RecPyMark, TargetCfg, d
 from argus.schema import RankStep, to_probe_json
 
 PY_RECORDS = frozenset((RecPyMark, RecPyCall))  # the Python channel's: its section takes them
-_BYTES: Dict[int, Any] = {}  # record size -> its ctypes byte array type (made once, not per record)
 
 
 @dataclass
@@ -206,10 +205,7 @@ class Session:
     def _on_ring(self, _ctx: Any, data: Any, size: int) -> int:
         # called by libbpf straight (_open_ring): an int, always, and nothing raised but what a bug raises
         try:
-            arr = _BYTES.get(size)
-            if arr is None:
-                arr = _BYTES[size] = ctypes.c_char * size
-            rec = decode_from(arr.from_address(data), 0, size)
+            rec = decode_from((ctypes.c_char * size).from_address(data), 0, size)  # (ctypes caches the type)
         except DecodeError:
             self.health.decode_errors += 1
             return 0
