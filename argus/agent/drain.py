@@ -210,9 +210,15 @@ def read_samples(bpf: Any, targets: Mapping[int, Any]) -> None:
 
 
 def forget_samples(bpf: Any, pid: int) -> None:
-    tbl = bpf["coll_sample"]
-    for k in [k for k in tbl.keys() if k.tgid == pid]:
+    """A process's sampling state and held stream waits (keyed by process and communicator or
+    stream, so not removed with the process's own entries)."""
+    for name in ("coll_sample", "waits_held"):
         try:
-            del tbl[k]
-        except KeyError:
-            pass
+            tbl = bpf[name]
+        except KeyError:  # no such map without its channel
+            continue
+        for k in [k for k in tbl.keys() if k.tgid == pid]:
+            try:
+                del tbl[k]
+            except KeyError:
+                pass

@@ -275,7 +275,8 @@ class Session:
         now = time.monotonic_ns()
         out = []
         for k, v in self.bpf["inflight_calls"].items():
-            if v.tgid in self.targets:
+            # enter_ns 0: returned (entries are kept and rewritten per thread, argus.h)
+            if v.enter_ns and v.tgid in self.targets:
                 out.append(
                     {
                         "pid": v.tgid,

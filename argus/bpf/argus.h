@@ -33,8 +33,11 @@ BPF_HASH(targets, u32, struct target_cfg, ARGUS_MAX_TARGETS);
 BPF_HASH(epochs, u32, u64, ARGUS_MAX_TARGETS);
 BPF_HASH(errors, struct err_key, u64, 4096);
 BPF_HASH(call_counts, struct call_key, u64, 4096);
-BPF_HASH(inflight_calls, u64, struct inflight, 16384);
-BPF_HASH(scratches, u64, struct scratch, 16384);
+/* One entry per (thread, class), written in place at every call and marked consumed (enter_ns 0)
+ * at its return: a hash update allocates an element and a delete frees one, most of what a
+ * probe pair cost in BPF. LRU, so threads that exited make room instead of filling the map. */
+BPF_TABLE("lru_hash", u64, struct inflight, inflight_calls, 16384);
+BPF_TABLE("lru_hash", u64, struct scratch, scratches, 16384);
 BPF_ARRAY(drops, u64, DROP_SLOTS);
 struct drop_key {
     u32 tgid;
@@ -108,27 +111,46 @@ static __always_inline void fill_hdr(struct rec_hdr *h, u32 kind, u32 call, u64 
 
 static __always_inline void save_scratch(u32 cls, struct scratch *s) {
     u64 k = scratch_key(cls);
+    struct scratch *cur = scratches.lookup(&k);
+    if (cur) {
+        __builtin_memcpy(cur, s, sizeof(*s));
+        return;
+    }
     if (scratches.update(&k, s) != 0) drop(DROP_SCRATCH);
 }
 
+/* 0 and the call's arguments, or -1 when its entry was not seen (entered before we attached). */
 static __always_inline int load_scratch(u32 cls, struct scratch *out) {
     u64 k = scratch_key(cls);
     struct scratch *s = scratches.lookup(&k);
-    if (!s) return -1;
+    if (!s || !s->enter_ns) return -1;
     __builtin_memcpy(out, s, sizeof(*out));
-    scratches.delete(&k);
+    s->enter_ns = 0;
     return 0;
 }
 
+/* enter_ns is written last and cleared first: user space, reading concurrently, skips an entry
+ * whose enter_ns is 0 (argus/agent/session.py `inflight`). */
 static __always_inline void inflight_enter(u32 cls, u32 call, u64 enter_ns, u64 handle, u64 seq) {
     u64 k = scratch_key(cls);
+    struct inflight *cur = inflight_calls.lookup(&k);
+    if (cur) {
+        cur->tgid = cur_tgid();
+        cur->call = call;
+        cur->handle = handle;
+        cur->seq = seq;
+        asm volatile("" ::: "memory"); /* stores stay in order on x86 (TSO) once emitted in order */
+        cur->enter_ns = enter_ns;
+        return;
+    }
     struct inflight f = {.tgid = cur_tgid(), .call = call, .enter_ns = enter_ns, .handle = handle, .seq = seq};
     inflight_calls.update(&k, &f);
 }
 
 static __always_inline void inflight_exit(u32 cls) {
     u64 k = scratch_key(cls);
-    inflight_calls.delete(&k);
+    struct inflight *cur = inflight_calls.lookup(&k);
+    if (cur) cur->enter_ns = 0;
 }
 
 #endif

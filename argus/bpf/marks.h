@@ -49,6 +49,7 @@ struct near_state {
     u64 last_rec;
     u64 idx;
     u64 ev[MARK_RECENT];
+    u64 pos[MARK_RECENT]; /* each one's place when recorded: most are too far to look up */
 };
 BPF_HASH(near_colls, u32, struct near_state, ARGUS_MAX_TARGETS);
 
@@ -75,9 +76,16 @@ static __always_inline void mark_record(u32 tgid, u64 event, u64 stream, u64 pos
     if (ns) {
         m.want = pos - ns->last_rec <= MARK_NEAR_AFTER;
         ns->ev[ns->idx % MARK_RECENT] = event;
+        ns->pos[ns->idx % MARK_RECENT] = pos;
         ns->idx += 1;
     }
-    ev_marks.update(&k, &m); /* a new recording: its completion is a new question */
+    /* a new recording: its completion is a new question. Written over the event's entry when it
+     * has one (PyTorch reuses its events): an LRU update allocates a node and frees the old one. */
+    struct ev_mark *cur = ev_marks.lookup(&k);
+    if (cur)
+        __builtin_memcpy(cur, &m, sizeof(m));
+    else
+        ev_marks.update(&k, &m);
 }
 
 /* The GPU passed the event's latest recording by now: told once, when wanted. Not for a recording
@@ -100,6 +108,8 @@ static __always_inline void mark_near_recorded(u32 tgid, u64 pos) {
     ns->last_rec = pos;
 #pragma unroll
     for (int i = 0; i < MARK_RECENT; i++) {
+        /* re-recorded since: its newer place is in the ring too */
+        if (ns->pos[i] + MARK_NEAR_BEFORE < pos || ns->pos[i] > pos + MARK_NEAR_AFTER) continue;
         struct ev_key k = {.tgid = tgid, .event = ns->ev[i]};
         struct ev_mark *m = ev_marks.lookup(&k);
         if (!m || m->want || m->pos + MARK_NEAR_BEFORE < pos || m->pos > pos + MARK_NEAR_AFTER) continue;

@@ -24,6 +24,16 @@ struct offcpu_start {
 };
 BPF_HASH(offcpu_starts, u32, struct offcpu_start, 65536);
 
+/* Written over the thread's entry when it has one: an update allocates an element and the delete
+ * at switch-in freed it, at every switch of a Python thread. */
+static __always_inline void offcpu_start_save(u32 tid, struct offcpu_start *s) {
+    struct offcpu_start *cur = offcpu_starts.lookup(&tid);
+    if (cur)
+        __builtin_memcpy(cur, s, sizeof(*s));
+    else
+        offcpu_starts.update(&tid, s);
+}
+
 TRACEPOINT_PROBE(sched, sched_switch) {
     u64 now = bpf_ktime_get_ns();
     u32 prev = (u32)args->prev_pid, next = (u32)args->next_pid;
@@ -37,20 +47,20 @@ TRACEPOINT_PROBE(sched, sched_switch) {
 #ifdef ARGUS_HOST
         s.ustack = stack_traces.get_stackid(args, BPF_F_USER_STACK);
         s.kstack = stack_traces.get_stackid(args, 0);
-        offcpu_starts.update(&prev, &s);
+        offcpu_start_save(prev, &s);
 #else
         /* no Python stack (a CUDA stream or NCCL thread: most switches of a rank): nothing to
          * attribute, so no bookkeeping either */
-        if (s.stack) offcpu_starts.update(&prev, &s);
+        if (s.stack) offcpu_start_save(prev, &s);
 #endif
     }
     if (!next) return 0;
     struct offcpu_start *s = offcpu_starts.lookup(&next);
-    if (!s) return 0;
+    if (!s || !s->ts) return 0;
     u64 start = s->ts, stack = s->stack, d = now - start;
     u32 owner = s->tgid;
     s32 ustack = s->ustack, kstack = s->kstack;
-    offcpu_starts.delete(&next);
+    s->ts = 0; /* consumed: kept for the thread's next switch-out (user space trims the exited) */
     if (!targets.lookup(&owner)) return 0;
     u64 epoch = cur_epoch(owner);
 #ifdef ARGUS_PYTHON
