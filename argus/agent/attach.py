@@ -134,7 +134,7 @@ class Attacher:
         ident = (lp.channel.name, lp.library.inode)
         if ident in self._attached:
             return
-        no_return = libcuda.entry_only(self.opts.launch_returns) | libnccl.ENTRY_ONLY
+        no_return = libcuda.entry_only(self.opts.launch_returns, self.opts.record) | libnccl.ENTRY_ONLY
         windowed = self.windows is not None and lp.channel.name == "cuda"
         self._sites[ident] = {p.spec.symbol: (p.path, p.address) for p in lp.probes}
         behind = [p for p in lp.probes if p.stub is not None and not p.duplicate]

@@ -84,11 +84,22 @@ ENTRY_ONLY: frozenset = frozenset()
 # record`. A failed launch still shows: frameworks check every launch and raise, and sticky
 # errors come back from the next sync, whose result is counted.
 LAUNCH_CALLS = frozenset(s.symbol for s in SPECS if s.cls in (LAUNCH, GRAPH_LAUNCH) and not s.handler)
+# Event recordings and stream waits come at stream-operation rates (PyTorch: an event before and
+# after every collective, the caching allocator's per block, a wait per collective): their return
+# probes only counted the result, a uretprobe each (~1 us a call on kernel 6.18, twice an entry
+# probe: docs/benchmarks.md 8.11). Probed with `argus record` only; a failed recording or wait
+# still shows as launches' do: frameworks check every call and raise, and a sticky error comes back
+# from the next sync or query, whose results are counted.
+RESULT_ONLY_CALLS = frozenset(
+    s.symbol for s in SPECS if (s.handler or s.symbol) in ("cuEventRecord", "cuStreamWaitEvent")
+)
 
 
-def entry_only(launch_returns: bool) -> frozenset:
-    """The libcuda calls whose return is not probed."""
-    return ENTRY_ONLY if launch_returns else ENTRY_ONLY | LAUNCH_CALLS
+def entry_only(launch_returns: bool, result_returns: bool = False) -> frozenset:
+    """The libcuda calls whose return is not probed: launches unless `launch_returns`, event
+    recordings and stream waits unless `result_returns` (`argus record`)."""
+    out = ENTRY_ONLY if launch_returns else ENTRY_ONLY | LAUNCH_CALLS
+    return out if result_returns else out | RESULT_ONLY_CALLS
 
 
 CHANNEL = Channel(
