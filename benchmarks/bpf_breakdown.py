@@ -76,6 +76,68 @@ class Breakdown:
         return sum(runs * ns for _, runs, ns in self.rows)
 
 
+def yardstick_ns(calls: int = 200_000, reps: int = 3) -> float:
+    """ns per run of benchmarks/bpf/yardstick.bpf.c (a fixed program of a typical probe's shape) on
+    `calls` simulated launches by the C driver, median of `reps`: the unit the cost budget test
+    keeps its budget in, so a slower VM day moves the budget with argus's programs."""
+    import ctypes
+    import statistics
+    import subprocess
+
+    from bcc import BPF  # the system's python3-bpfcc (needs root)
+
+    from argus.probes import libcuda
+    from argus.probes.base import MappedLibrary, resolve
+    from argus.sim.build import build
+    from benchmarks.probe_overhead import build_driver
+
+    libs, driver = build(), build_driver()
+    st = os.stat(libs.libcuda)
+    lp = resolve(libcuda.CHANNEL, MappedLibrary(str(libs.libcuda), str(libs.libcuda), (st.st_dev, st.st_ino)))
+    # where argus attaches its launch program (the library is linked at a non-zero base)
+    addr = next(p.address for p in lp.probes if p.spec.symbol == "cuLaunchKernel")
+    b = BPF(src_file=str(REPO / "benchmarks" / "bpf" / "yardstick.bpf.c"))
+    fd = b.load_func("yard_hit", BPF.KPROBE).fd
+    b.attach_uprobe(name=str(libs.libcuda), addr=addr, fn_name="yard_hit")
+    out = []
+    po.bpf_stats(True)
+    try:
+        for _ in range(reps):
+            p = subprocess.Popen(
+                [str(driver), str(libs.libcuda.parent), "cuLaunchKernel", str(calls)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            assert p.stdout is not None and p.stdin is not None
+            assert p.stdout.readline().strip() == "ready"
+            b["yard_targets"][ctypes.c_uint32(p.pid)] = ctypes.c_uint64(7)
+            before = _prog_stats(fd)
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            p.stdout.readline()
+            p.wait()
+            after = _prog_stats(fd)
+            runs = after[1] - before[1]
+            if runs >= calls // 2:
+                out.append((after[0] - before[0]) / runs)
+    finally:
+        po.bpf_stats(False)
+        b.cleanup()
+    if not out:
+        raise RuntimeError("the yardstick program did not run on the driver's launches")
+    return statistics.median(out)
+
+
+def _prog_stats(fd: int) -> Tuple[int, int]:
+    """(run_time_ns, run_cnt) of a program this process holds, from its fd's fdinfo."""
+    ns = cnt = 0
+    for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
+        if line.startswith("run_time_ns:"):
+            ns = int(line.split()[1])
+        elif line.startswith("run_cnt:"):
+            cnt = int(line.split()[1])
+    return ns, cnt
+
+
 def window_truth(job: SimJob, t0_ns: int, t1_ns: int) -> Tuple[float, float, Dict[str, float]]:
     """Rank-steps, launches and collectives (by op) inside [t0_ns, t1_ns]: each step record counts
     with the share of its [start_ns, end_ns] inside the window (CLOCK_MONOTONIC, as time.monotonic)."""
