@@ -51,6 +51,11 @@ BENCHMARKS: Dict[str, Tuple[str, List[str], List[str]]] = {
         [],
         ["--quick"],
     ),
+    "uprobe_session": (
+        "a return probe only where needed: uprobe session links vs the uprobe + uretprobe pair (8.11)",
+        [],
+        ["--quick"],
+    ),
     "summary_size": (
         "bytes per rank per step in Redis vs raw events (8.4, 5)",
         ["--probe-arg=--no-host", "--probe-arg=--no-python"],
@@ -78,6 +83,7 @@ BENCHMARKS: Dict[str, Tuple[str, List[str], List[str]]] = {
 }
 NEEDS_ROOT = {"sim_overhead", "torch_overhead", "probe_overhead", "summary_size", "footprint"}
 NEEDS_ROOT |= {"python_overhead", "diagnosis_accuracy", "bpf_breakdown", "torch_inout", "late_straggler"}
+NEEDS_ROOT |= {"uprobe_session"}
 
 
 def main() -> int:
