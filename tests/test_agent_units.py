@@ -451,6 +451,11 @@ def test_exec_check_reads_the_mappings_only_when_the_auxiliary_vector_changed() 
     child = subprocess.Popen(["sleep", "30"])
     try:
         pid = child.pid
+        # until the exec is done the child is still a copy of this interpreter (its maps and auxv
+        # change at the exec: a loaded machine made that gap long enough to fail the first check)
+        deadline = time.monotonic() + 10
+        while open(f"/proc/{pid}/comm").read().strip() != "sleep" and time.monotonic() < deadline:
+            time.sleep(0.01)
         t = tg.Target(pid, from_environ({}, pid, "h"), make_tracker(), {}, image=image_of(pid, {}))
         assert t.image  # the vdso at least
         now = time.monotonic()
