@@ -443,19 +443,23 @@ def test_exec_check_reads_the_mappings_only_when_the_auxiliary_vector_changed() 
     every 2 s for every rank; they are compared only when /proc/PID/auxv changed (an exec with
     randomisation) or once a minute (an exec without)."""
     import subprocess
+    import sys
     import time
 
     from argus.agent import targets as tg
     from argus.agent.attach import image_of
 
-    child = subprocess.Popen(["sleep", "30"])
+    # The child says when it runs its own code: until its exec is done it is a copy of this
+    # interpreter, and during the exec its new address space fills (the vdso comes after the new
+    # name): a loaded machine made either gap long enough to fail the first comparison.
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         pid = child.pid
-        # until the exec is done the child is still a copy of this interpreter (its maps and auxv
-        # change at the exec: a loaded machine made that gap long enough to fail the first check)
-        deadline = time.monotonic() + 10
-        while open(f"/proc/{pid}/comm").read().strip() != "sleep" and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         t = tg.Target(pid, from_environ({}, pid, "h"), make_tracker(), {}, image=image_of(pid, {}))
         assert t.image  # the vdso at least
         now = time.monotonic()
