@@ -15,8 +15,8 @@ removes them in a detached child) so no run pays for the previous one.
 
 Conditions:
   off      nothing attached
-  cuda     argus probe --no-nccl --no-python --no-host     (libcuda: 44 uprobes/uretprobes; the
-           2 on launches attached 3 steps in 30)
+  cuda     argus probe --no-nccl --no-python --no-host     (libcuda's uprobes and uretprobes; the
+           ones on launches attached 3 steps in 30)
   nccl     argus probe --no-cuda --no-python --no-host     (libnccl)
   python   argus probe --no-cuda --no-nccl --no-host       (49 Hz stack sampler + sched_switch walks)
   python+host  argus probe --no-cuda --no-nccl --host-channel  (+ 19 Hz native stacks, off-CPU time;
@@ -28,6 +28,8 @@ Conditions:
   bpftrace bpftrace: a count() per probe on the same attach points as argus's cuda channel,
            launches at every step (libcuda only: see bpftrace_program) — the floor for probing
            every call
+  all-baseline  with --baseline-tree TREE: `all` run from another checkout (an older version, a
+           git worktree), interleaved in the same rounds: a change measured against its baseline
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ CONDITIONS: Dict[str, Optional[List[str]]] = {
     "all-launches": ["--launch-steps", "all"],  # ... with the launch probes attached at every step
     "bpftrace": None,
 }
+BASELINE: List[str] = []  # --baseline-tree: the checkout `all-baseline` runs argus from
 SETTINGS = {"default": ("default", "dp"), "heavy": ("heavy", "tp-dp"), "tp": ("tp", "tp-dp")}
 
 
@@ -101,6 +104,12 @@ def run_one(setting: str, cond: str, steps: int, bt: str) -> Dict[str, float]:
         args = CONDITIONS[cond]
         if args is not None:
             argv = [sys.executable, "-m", "argus", "probe", "--json", *args]
+            if cond == "all-baseline":  # the same command from another checkout (--baseline-tree)
+                run = (
+                    f"import runpy, sys; sys.path.insert(0, {BASELINE[0]!r}); "
+                    "runpy.run_module('argus', run_name='__main__', alter_sys=True)"
+                )
+                argv = [sys.executable, "-c", run, "probe", "--json", *args]
             for pid in job.pids.values():
                 argv += ["-p", str(pid)]
             obs = Observer(argv, ready="Tracing")
@@ -159,12 +168,33 @@ def main() -> int:
     ap.add_argument("--settings", default="default,heavy")
     ap.add_argument("--conditions", default=",".join(CONDITIONS))
     ap.add_argument("--json-out", help="also write the raw runs here")
+    ap.add_argument(
+        "--baseline-tree",
+        help="another checkout of this repository (e.g. `git worktree add /tmp/base HEAD~3`): adds the "
+        "condition `all-baseline`, its `argus probe` with the defaults, in the same rounds",
+    )
     a = ap.parse_args()
+    if a.baseline_tree:
+        tree = os.path.abspath(a.baseline_tree)
+        if not os.path.isfile(os.path.join(tree, "argus", "__main__.py")):
+            print(
+                f"ERROR: --baseline-tree {tree}: no argus/__main__.py there\n"
+                "HINT: a checkout of this repository"
+            )
+            return 2
+        BASELINE.append(tree)
+        CONDITIONS["all-baseline"] = []
     if not need_root("sim_overhead"):
         return 3
     rounds, steps = (1, 10) if a.quick else (a.rounds, a.steps)
     settings = ["default"] if a.quick else a.settings.split(",")
     conds = [c for c in a.conditions.split(",") if c]
+    if a.baseline_tree and "all-baseline" not in conds:
+        conds.append("all-baseline")
+    unknown = [c for c in conds if c not in CONDITIONS]
+    if unknown:
+        print(f"ERROR: unknown condition(s) {', '.join(unknown)}\nHINT: of {', '.join(CONDITIONS)}")
+        return 2
     if "bpftrace" in conds and shutil.which("bpftrace") is None:
         print("note: no bpftrace binary: the floor row is skipped (apt-get install bpftrace)")
         conds.remove("bpftrace")
