@@ -86,16 +86,11 @@ def yardstick_ns(calls: int = 200_000, reps: int = 3) -> float:
 
     from bcc import BPF  # the system's python3-bpfcc (needs root)
 
-    from argus.probes import libcuda
-    from argus.probes.base import MappedLibrary, resolve
     from argus.sim.build import build
-    from benchmarks.probe_overhead import build_driver
+    from benchmarks.probe_overhead import build_driver, libcuda_site
 
     libs, driver = build(), build_driver()
-    st = os.stat(libs.libcuda)
-    lp = resolve(libcuda.CHANNEL, MappedLibrary(str(libs.libcuda), str(libs.libcuda), (st.st_dev, st.st_ino)))
-    # where argus attaches its launch program (the library is linked at a non-zero base)
-    addr = next(p.address for p in lp.probes if p.spec.symbol == "cuLaunchKernel")
+    addr, _ = libcuda_site(str(libs.libcuda), "cuLaunchKernel")  # where argus puts its launch program
     b = BPF(src_file=str(REPO / "benchmarks" / "bpf" / "yardstick.bpf.c"))
     fd = b.load_func("yard_hit", BPF.KPROBE).fd
     b.attach_uprobe(name=str(libs.libcuda), addr=addr, fn_name="yard_hit")

@@ -70,6 +70,19 @@ def timed_run(argv: List[str], session: Session | None) -> float:
     return ns
 
 
+def libcuda_site(path: str, symbol: str) -> Tuple[int, int]:
+    """(address as argus attaches it, file offset) of `symbol`'s probe in the simulated libcuda at
+    `path` (linked at a non-zero base: the two differ)."""
+    from argus.probes import libcuda
+    from argus.probes.base import MappedLibrary, resolve
+
+    st = os.stat(path)
+    lp = resolve(libcuda.CHANNEL, MappedLibrary(path, path, (st.st_dev, st.st_ino)))
+    assert lp.elf is not None
+    probe = next(p for p in lp.probes if p.spec.symbol == symbol)
+    return probe.address, lp.elf.symbols[symbol].offset + probe.plan.offset
+
+
 def one_run(driver: Path, libdir: Path, fn: str, n: int, session: Session | None) -> float:
     return timed_run([str(driver), str(libdir), fn, str(n)], session)
 

@@ -20,10 +20,8 @@ import ctypes
 import os
 import statistics
 import struct
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any, List, Tuple
 
 from benchmarks._util import REPO, machine, need_root
@@ -55,18 +53,6 @@ def link_session(prog_fd: int, path: str, offset: int) -> Tuple[int, tuple]:
     return int(fd), (cpath, offs)
 
 
-def timed(driver: Path, libdir: Path, n: int) -> float:
-    argv = [str(driver), str(libdir), "cuEventQuery", str(n)]
-    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert p.stdout is not None and p.stdin is not None
-    assert p.stdout.readline().strip() == "ready"
-    p.stdin.write("go\n")
-    p.stdin.flush()
-    ns = float(p.stdout.readline())
-    p.wait()
-    return ns
-
-
 def hits(b: Any, entry: int, ret: int) -> Tuple[int, int]:
     """The program's entry and return runs, as counted in its `hits` array."""
     h = b["hits"]
@@ -90,28 +76,22 @@ def main() -> int:
     os.environ["ARGUS_CACHE_DIR"] = tempfile.mkdtemp(prefix="argus-uprobe-session-")
     from bcc import BPF
 
-    from argus.probes import libcuda
-    from argus.probes.base import MappedLibrary, resolve
     from argus.sim.build import build
-    from benchmarks.probe_overhead import build_driver
+    from benchmarks.probe_overhead import build_driver, libcuda_site, one_run
 
     libs, driver = build(), build_driver()
     path, libdir = str(libs.libcuda), libs.libcuda.parent
-    st = os.stat(path)
-    lp = resolve(libcuda.CHANNEL, MappedLibrary(path, path, (st.st_dev, st.st_ino)))
-    assert lp.elf is not None
-    probe = next(p for p in lp.probes if p.spec.symbol == "cuEventQuery")
-    file_off = lp.elf.symbols["cuEventQuery"].offset + probe.plan.offset
+    addr, file_off = libcuda_site(path, "cuEventQuery")
 
     def med(n: int) -> float:
-        return statistics.median(timed(driver, libdir, n) for _ in range(a.reps))
+        return statistics.median(one_run(driver, libdir, "cuEventQuery", n, None) for _ in range(a.reps))
 
     base = med(a.calls)
     rows: List[Tuple[str, float, int, int]] = []
     src = str(REPO / "benchmarks" / "bpf" / "session.bpf.c")
     b = BPF(src_file=src)
-    b.attach_uprobe(name=path, addr=probe.address, fn_name="classic_entry")
-    b.attach_uretprobe(name=path, addr=probe.address, fn_name="classic_return")
+    b.attach_uprobe(name=path, addr=addr, fn_name="classic_entry")
+    b.attach_uretprobe(name=path, addr=addr, fn_name="classic_return")
     ns = med(a.calls)
     rows.append(("uprobe + uretprobe (classic pair)", ns - base, *hits(b, 2, 3)))
     b.cleanup()
