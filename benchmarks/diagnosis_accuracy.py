@@ -98,7 +98,9 @@ def spec(family: str, fault: str, when: str) -> Tuple[str, List[str], int, List[
     return "dp", [], 0, []
 
 
-def run_one(family: str, fault: str, when: str, redis: RedisProc, clean_steps: int) -> Run:
+def run_one(
+    family: str, fault: str, when: str, redis: RedisProc, clean_steps: int, keep: Optional[Path] = None
+) -> Run:
     import redis as redis_py
 
     run = Run(family, fault, when)
@@ -112,6 +114,10 @@ def run_one(family: str, fault: str, when: str, redis: RedisProc, clean_steps: i
     job = families.start_job(fam, 8, steps, layout, injects, d, hang_hold_s=600.0, **extra)
     client = redis_py.Redis.from_url(redis.url)
     agg = probe = None
+    kept = None
+    if keep is not None:
+        n = 1 + sum(1 for _ in keep.glob(f"{family}-{fault}-{when}*.jsonl"))
+        kept = open(keep / f"{family}-{fault}-{when}{f'-{n}' if n > 1 else ''}.jsonl", "w")
     try:
         jid = families.job_id(job)
         mono_off = time.time_ns() - time.monotonic_ns()
@@ -148,7 +154,7 @@ def run_one(family: str, fault: str, when: str, redis: RedisProc, clean_steps: i
             env=env(),
             cwd=REPO,
             preexec_fn=sigint_default,
-            stdout=subprocess.DEVNULL,
+            stdout=kept or subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
         )
@@ -189,6 +195,8 @@ def run_one(family: str, fault: str, when: str, redis: RedisProc, clean_steps: i
                 x.kill()
         job.stop()
         client.close()
+        if kept is not None:
+            kept.close()
     return run
 
 
@@ -266,7 +274,15 @@ def main() -> int:
         help=f"of {', '.join((*families.FAMILIES, *VARIANTS))} (the variants record no timers)",
     )
     ap.add_argument("--faults", default=",".join(FAULTS))
+    ap.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="write each run's summaries there (FAMILY-FAULT-WHEN[-N].jsonl) for argus diagnose --from-jsonl",
+    )
     args = ap.parse_args()
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
     fams = [f for f in args.families.split(",") if f]
     faults = [f for f in args.faults.split(",") if f]
     t0 = time.monotonic()
@@ -279,10 +295,10 @@ def main() -> int:
                 for fault in faults:
                     for when in ("before", "after"):
                         for _ in range(args.reps):
-                            runs.append(run_one(fam, fault, when, redis, args.clean_steps))
+                            runs.append(run_one(fam, fault, when, redis, args.clean_steps, args.keep))
                             print(f"  {runs[-1]}", file=sys.stderr, flush=True)
                 if args.clean_steps:
-                    runs.append(run_one(fam, "clean", "clean", redis, args.clean_steps))
+                    runs.append(run_one(fam, "clean", "clean", redis, args.clean_steps, args.keep))
                     print(f"  {runs[-1]}", file=sys.stderr, flush=True)
         finally:
             redis.stop()

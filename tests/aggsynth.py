@@ -230,6 +230,9 @@ class GpuJob:
     # rank -> the job step its agent attached at: its summaries start there, numbered from 0
     # (`ordinal`: the aggregator aligns them by their step ends), its evidence a step later
     attach: Dict[int, int] = field(default_factory=dict)
+    # (rank, step) -> its host launched the step's work this much later (ms): CPU contention, which
+    # delays its GPU as much and shows in the host's own time
+    host_late: Dict[Tuple[int, int], float] = field(default_factory=dict)
 
 
 def generate_gpu(j: GpuJob) -> List[dict]:
@@ -242,7 +245,8 @@ def generate_gpu(j: GpuJob) -> List[dict]:
     t = T0
     for s in range(j.steps):
         start = {r: t + int(rng.uniform(0, 0.3) * MS) for r in range(j.ranks)}
-        gpu0 = {r: start[r] + int((j.data_ms + rng.uniform(0.5, 1.5)) * MS) for r in range(j.ranks)}
+        held = {r: int(j.host_late.get((r, s), 0.0) * MS) for r in range(j.ranks)}
+        gpu0 = {r: start[r] + held[r] + int((j.data_ms + rng.uniform(0.5, 1.5)) * MS) for r in range(j.ranks)}
         k = {r: (j.slow[1] if j.slow and r == j.slow[0] and s >= j.slow[2] else 1.0) for r in range(j.ranks)}
         fwd = {r: j.fwd_ms * k[r] + rng.uniform(0.0, 0.2) for r in range(j.ranks)}
         bwd = {r: j.bwd_ms * k[r] + rng.uniform(0.0, 0.2) for r in range(j.ranks)}
@@ -278,7 +282,7 @@ def generate_gpu(j: GpuJob) -> List[dict]:
                     {"ms": j.opt_ms, "stream": COMPUTE},
                     {"ms": ct / MS, "stream": COMM_STREAM},
                 ]
-            busy = int((j.data_ms + 3.0) * MS)
+            busy = int((j.data_ms + 3.0) * MS) + held[r]
             d: Dict[str, Any] = {
                 "schema": 1,
                 "job": j.job,

@@ -117,6 +117,9 @@ class Thresholds:
     #: healthy rank, real but passing, stays under it)
     gpu_late_min_ns: int = 2_000_000
     gpu_late_share: float = 0.04
+    #: ... and at least `noise_k` x the group's own spread in that source (first network sends,
+    #: in-collective GPU times), once this many healthy deviations are known
+    gpu_noise_min: int = 8
 
     # ---- host stall -------------------------------------------------------------------------------
     #: the rank's host reached its collectives this late: max(abs, rel x median step)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, Tuple
 
 from argus.aggregator.config import Thresholds
-from argus.aggregator.robust import median
+from argus.aggregator.robust import Noise, median, teaching
 from argus.aggregator.state import Groups
 from argus.schema import GpuArrival, RankStep
 
@@ -53,6 +53,7 @@ class GpuLate:
     group: str  # its symmetric group
     sources: Dict[str, Tuple[float, float]] = field(default_factory=dict)  # source -> (late ns, bound ns)
     instances: Tuple[int, int] = (0, 0)  # event queries: instances it was surely last at, compared
+    span: int = 1  # the steps up to `step` its evidence covers (in-collective times: several)
 
     @property
     def late_ns(self) -> float:
@@ -146,6 +147,8 @@ class GpuArrivals:
         # (comm, rank) -> (step, in-collective GPU times read for it): a watchdog reads them at its own
         # period (PyTorch's: 100 ms), often not in every step, so a verdict takes the recent ones
         self.coll_recent: Dict[Tuple[str, int], Deque[Tuple[int, List[int]]]] = {}
+        self.noise: Dict[Tuple[str, str], Noise] = {}  # (group or comm, source) -> its healthy spread
+        self.full: Dict[str, int] = {}  # symmetric group -> the most members seen in one step
 
     # ---- judging ----------------------------------------------------------------------------------
 
@@ -219,15 +222,18 @@ class GpuArrivals:
         found: Dict[int, Dict[str, Tuple[float, float]]] = {}
         inst: Dict[int, Tuple[int, int]] = {}
 
-        def take(r: int, src: str, late: float, bound: float) -> None:
-            if late >= rec.floor_ns:
+        def take(r: int, src: str, late: float, bound: float, need: float = 0.0) -> None:
+            if late >= max(rec.floor_ns, need):
                 found.setdefault(r, {})[src] = (late, bound)
 
         # (b) first network send, per symmetric group, across hosts
         for r, ga in got.items():
             if ga.net_first_ns:
                 self.net_seen.add(r)
-        for members in sym.values():
+        for key, members in sym.items():
+            full = self.full[key] = max(self.full.get(key, 0), len(members))
+            if len(members) < full:
+                continue  # a member without a summary this step (its agent cut off) may be the last
             want = [r for r in members if r in self.net_seen]
             pts = {r: got[r].net_first_ns for r in want if r in got and got[r].net_first_ns}
             rec.net_ranks += len(pts)
@@ -243,9 +249,10 @@ class GpuArrivals:
             rec.net_bound_ns = nb if rec.net_bound_ns is None else max(rec.net_bound_ns, nb)
             r = max(pts, key=lambda x: pts[x])
             others = [o for o in pts if o != r]
+            need = self._learn((key, NET), r, pts, rec.floor_ns)
             if all(pts[r] - th.gpu_net_slack_ns - pair(r, o) > pts[o] for o in others):
                 bound = th.gpu_net_slack_ns + max(pair(r, o) for o in others)
-                take(r, NET, pts[r] - median([pts[o] for o in others]), bound)
+                take(r, NET, pts[r] - median([pts[o] for o in others]), bound, need)
 
         # (c) event-query bounds and (a) in-collective GPU times, per communicator
         widths: List[float] = []
@@ -270,7 +277,8 @@ class GpuArrivals:
                 rec.conflicts += 1
                 continue
             r = rs[0]
-            out[r] = GpuLate(r, e, key, found[r], inst.get(r, (0, 0)))
+            span = th.gpu_coll_steps if COLL in found[r] else 1
+            out[r] = GpuLate(r, e, key, found[r], inst.get(r, (0, 0)), span)
         return out
 
     def _bounds(
@@ -349,8 +357,27 @@ class GpuArrivals:
         tol = max(float(th.gpu_time_tol_ns), th.gpu_time_tol_rel * gm)
         r = min(meds, key=lambda x: meds[x])
         others = [meds[o] for o in members if o != r]
+        need = self._learn((c, COLL), r, {x: -v for x, v in meds.items()}, rec.floor_ns)
         if all(v - meds[r] > tol for v in others):
-            take(r, COLL, median(others) - meds[r], tol)
+            take(r, COLL, median(others) - meds[r], tol, need)
+
+    def _learn(self, key: Tuple[str, str], top: int, vals: Dict[int, float], floor: float) -> float:
+        """The lateness a group's noise in one source reaches (0 until `gpu_noise_min` values are
+        known): `noise_k` x the 99th percentile of its members' |deviation from the median| in past
+        steps. Learnt from every member but the step's latest (`top`), which is the very rank judged,
+        and but outliers (robust.teaching): a straggler present when the agents attached, or a
+        second one, must not teach its lateness as noise. Measured
+        (2-core machine, 8 simulated ranks on 2 hosts, clean): the latest first network send lay
+        2.5 ms past its peers' median on median, 3.8 ms at p90 — at the floor — while the others lay
+        within 2.7 ms at p99: CPU contention delays a rank's work, now one, now another."""
+        th = self.th
+        n = self.noise.get(key)
+        if n is None:
+            n = self.noise[key] = Noise()
+        need = th.noise_k * n.scale() if len(n) >= th.gpu_noise_min else 0.0
+        m = median(list(vals.values()))
+        n.add(teaching([abs(v - m) for x, v in vals.items() if x != top], floor))
+        return need
 
     # ---- what explanations ask ---------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from typing import Deque, Dict, FrozenSet, List, Optional, Set, Tuple
 from argus.aggregator.commmode import WAIT_COLL, WAIT_P2P, WAIT_PHASES
 from argus.aggregator.config import PhaseInfo, Thresholds
 from argus.aggregator.gpuarrival import GpuLate
-from argus.aggregator.robust import Noise, median, median_sorted
+from argus.aggregator.robust import Noise, median, median_sorted, teaching
 from argus.aggregator.state import Groups
 from argus.schema import RankStep
 
@@ -80,7 +80,6 @@ class RankFlag:
         return frozenset(out)
 
 
-OUTLIER_K = 4.0
 LOW_WAIT = f"low:{WAIT_COLL}"
 GPU_ARRIVAL = "gpu_arrival"  # a flag reason: its GPU surely reached the collectives last
 
@@ -88,17 +87,6 @@ GPU_ARRIVAL = "gpu_arrival"  # a flag reason: its GPU surely reached the collect
 def own_host(rs: RankStep) -> int:
     """Host time of the step outside GPU waits and outside blocking collectives (its own work)."""
     return rs.phases.get("host_other", 0) - sum(rs.phases.get(w, 0) for w in WAIT_PHASES)
-
-
-def teaching(devs: List[float], floor: float) -> List[float]:
-    """The |deviations| that may teach a group's noise: not one that stands out by the floors and by
-    OUTLIER_K x the step's median |deviation|. Before judging starts everything else is learnt, so
-    without this a rank that was already slow when the agents attached would teach the group that
-    its slowness is noise (and never be named)."""
-    if len(devs) < 3:
-        return devs
-    typical = median(devs)
-    return [d for d in devs if d < floor or d < OUTLIER_K * typical]
 
 
 def arrival_lateness(ranks: Dict[int, RankStep], groups: Groups) -> Dict[int, Tuple[float, int, int, float]]:
@@ -196,6 +184,7 @@ class L2:
         self.causes: Dict[FrozenSet[int], int] = {}  # component -> the rank named as its cause
         self.deferred: Dict[int, int] = {}  # rank -> steps its naming waited for a link peer's data
         self.members: Dict[str, List[int]] = {}  # symmetric group -> ranks (last step)
+        self.excess: Dict[int, Deque[Tuple[int, float]]] = {}  # rank -> (step, host_excess_ns), recent
 
     def _noise(self, key: Tuple[str, str]) -> Noise:
         n = self.noise.get(key)
@@ -298,11 +287,22 @@ class L2:
         for rs, v in zip(rsl, ho):
             f = flags[rs.rank]
             f.host_excess_ns = v - mho
+            excess = f.host_excess_ns
+            past = self.excess.get(rs.rank)
+            if past is None:
+                past = self.excess[rs.rank] = deque(maxlen=th.gpu_coll_steps + 1)
+            past.append((rs.step, excess))
             dev = [x[1] for x in f.high.values()] + [x[1] for p, x in f.low.items() if p not in WAIT_PHASES]
             if f.gpu_arr is not None:
                 dev.append(f.gpu_arr.late_ns)
+                # the evidence is about earlier steps (argus.aggregator.gpuarrival GpuLate.span): the
+                # host's own time then says whether it launched the work late (a slow GPU leaves it
+                # as it was); over several steps the median, as the in-collective times are
+                e = f.gpu_arr.step
+                then = [v for s, v in past if e - f.gpu_arr.span < s <= e]
+                excess = median(then) if then else excess
             if dev:  # (host waits in blocking calls are host time: they tell nothing here)
-                f.host_share = f.host_excess_ns / max(dev)
+                f.host_share = excess / max(dev)
 
     def _biased(self, rank: int, phase: str, d: float, floor: float) -> bool:
         """The rank stood off the group's median in this phase to the same side, beyond the floor, in

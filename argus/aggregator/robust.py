@@ -79,3 +79,17 @@ def fence_high(scores: List[float], k: float) -> float:
     s = sorted(scores)
     q1, q3 = quantile_sorted(s, 0.25), quantile_sorted(s, 0.75)
     return q3 + k * (q3 - q1)
+
+
+OUTLIER_K = 4.0
+
+
+def teaching(devs: List[float], floor: float) -> List[float]:
+    """The |deviations| that may teach a group's noise: not one that stands out by the floors and by
+    OUTLIER_K x the step's median |deviation|. Before judging starts everything else is learnt, so
+    without this a rank that was already slow when the agents attached would teach the group that
+    its slowness is noise (and never be named)."""
+    if len(devs) < 3:
+        return devs
+    typical = median(devs)
+    return [d for d in devs if d < floor or d < OUTLIER_K * typical]
