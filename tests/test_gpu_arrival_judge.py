@@ -182,11 +182,11 @@ def _bursts(ranks: int, steps: int, every: int, length: int, ms: float) -> dict:
 
 def test_vii_cpu_contention_bursts_name_nobody_a_starved_host_is_named_late() -> None:
     """CPU contention makes a host launch its work late for a few steps, now one rank, now another,
-    and its GPU reaches the collectives late as much (measured on the 2-core machine: 3-4 ms for
-    3-4 steps, 8 ranks on 2 hosts): the first network sends say so, truly, and the host's own time
-    says why. Bursts of 4 steps name nobody (host-bound, which must hold 12 of 16 steps; the verdict
-    is weighed against the host time of the step it is about, one summary earlier). A host starved
-    for good is named, once it held that long."""
+    and its GPU reaches the collectives late as much (measured on the 2-core machine: 3-4 ms of
+    64 ms steps, for 3-4 steps; here 15 ms of ~200 ms steps): the first network sends say so,
+    truly, and the host's own time says why. Bursts of 4 steps name nobody (host-bound, which must
+    hold 12 of 16 steps; the verdict is weighed against the host time of the step it is about, one
+    summary earlier). A host starved for good is named, once it held that long."""
     job = GpuJob(net=True, net_jitter_ms=1.0, steps=200, host_late=_bursts(8, 200, 12, 4, 15.0))
     eng = run(job)
     assert verdicts(eng), "the bursts are late enough to be seen"
