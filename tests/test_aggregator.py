@@ -356,6 +356,20 @@ def test_report_text_without_findings() -> None:
     assert "No finding" in text and "8 ranks on 2 host(s)" in text
 
 
+def test_gaps_name_ranks_that_stopped_reporting_not_the_recording_end() -> None:
+    """A rank that stopped sending for good is a gap 'since' its last step; one missing only from the
+    last step judged (the recording ended between two ranks' summaries: flush judges that frame
+    without it) is not."""
+    items = steps(Job(steps=30))
+    stopped = [rs for rs in items if not (rs.rank == 5 and rs.step >= 20)]
+    text = report_text(report_data(judge(stopped)))
+    assert "gap: rank 5 sent no summary for any job step since 20" in text, text
+    assert text.count("gap: rank") == 1, text
+    ragged = [rs for rs in items if not (rs.rank == 2 and rs.step == 29)]
+    text = report_text(report_data(judge(ragged)))
+    assert "gap: rank" not in text, text
+
+
 def test_rank_steps_per_second_is_not_pathological() -> None:
     """A loose guard (the real number is in benchmarks/aggregator_scale.py)."""
     import time

@@ -110,7 +110,10 @@ def report_data(
                 "alignment": d.align.summary(),
                 "clocks": d.clocks.evidence(),
                 "gpu_arrival": d.gpuarr.summary(),
-                "gaps": [list(g) for g in d.gaps] + [[r, s, None] for r, s in sorted(d.absent.items())],
+                # a rank absent from the last step judged only: the recording ended between two
+                # ranks' summaries (flush judges that frame without it), not a gap
+                "gaps": [list(g) for g in d.gaps]
+                + [[r, s, None] for r, s in sorted(d.absent.items()) if s < d.last_step],
                 "median_step_ms": round(d.l1.median_step() / 1e6, 2),
                 "alerts": [a.to_json() for a in alerts],
                 "l1": [

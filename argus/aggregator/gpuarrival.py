@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from argus.aggregator.config import Thresholds
 from argus.aggregator.robust import Noise, median, teaching
@@ -361,7 +361,7 @@ class GpuArrivals:
         if all(v - meds[r] > tol for v in others):
             take(r, COLL, median(others) - meds[r], tol, need)
 
-    def _learn(self, key: Tuple[str, str], top: int, vals: Dict[int, float], floor: float) -> float:
+    def _learn(self, key: Tuple[str, str], top: int, vals: Mapping[int, float], floor: float) -> float:
         """The lateness a group's noise in one source reaches (0 until `gpu_noise_min` values are
         known): `noise_k` x the 99th percentile of its members' |deviation from the median| in past
         steps. Learnt from every member but the step's latest (`top`), which is the very rank judged,

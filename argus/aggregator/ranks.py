@@ -291,7 +291,7 @@ class L2:
             past = self.excess.get(rs.rank)
             if past is None:
                 past = self.excess[rs.rank] = deque(maxlen=th.gpu_coll_steps + 1)
-            past.append((rs.step, excess))
+            past.append((f.step, excess))
             dev = [x[1] for x in f.high.values()] + [x[1] for p, x in f.low.items() if p not in WAIT_PHASES]
             if f.gpu_arr is not None:
                 dev.append(f.gpu_arr.late_ns)
