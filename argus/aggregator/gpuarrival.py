@@ -22,11 +22,12 @@ evidence, each with what it can prove (docs/diagnosis.md "Which GPU arrived last
   `gpu_time_tol_rel` x the group's median). One clock: no synchronisation needed.
 
 A verdict also needs the lateness to matter: at least max(`gpu_late_min_ns`, `gpu_late_share` x
-the median step). Two ranks of one group surely last in one step (by different evidence) cancel
-each other: nothing is said of that step. Verdicts go to L2 as a flag reason (`gpu_arrival`)
-where the group has no communication timer (timers keep their own judgement: no double count),
-and what could not be separated is kept per step, so a slower job that names no rank says why
-(`unseparated`).
+the median step), and to pass the group's own noise in that source (`_learn`). Two ranks of one
+group surely last in one step (by different evidence) cancel each other: nothing is said of that
+step. A group short of a member (no summary from it this step) is not judged: it may be the
+last. Verdicts go to L2 as a flag reason (`gpu_arrival`) where the group has no communication
+timer (timers keep their own judgement: no double count), and what could not be separated is kept
+per step, so a slower job that names no rank says why (`unseparated`).
 """
 
 from __future__ import annotations
@@ -366,10 +367,10 @@ class GpuArrivals:
         known): `noise_k` x the 99th percentile of its members' |deviation from the median| in past
         steps. Learnt from every member but the step's latest (`top`), which is the very rank judged,
         and but outliers (robust.teaching): a straggler present when the agents attached, or a
-        second one, must not teach its lateness as noise. Measured
-        (2-core machine, 8 simulated ranks on 2 hosts, clean): the latest first network send lay
-        2.5 ms past its peers' median on median, 3.8 ms at p90 — at the floor — while the others lay
-        within 2.7 ms at p99: CPU contention delays a rank's work, now one, now another."""
+        second one, must not teach its lateness as noise. Measured (2-core machine, 8 simulated
+        ranks on 2 hosts, clean): the latest first network send lay 2.5 ms past its peers' median on
+        median, 3.8 ms at p90 — at the floor — while the others lay within 2.7 ms at p99: CPU
+        contention delays a rank's work, now one, now another."""
         th = self.th
         n = self.noise.get(key)
         if n is None:
