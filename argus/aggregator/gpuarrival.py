@@ -358,7 +358,7 @@ class GpuArrivals:
         tol = max(float(th.gpu_time_tol_ns), th.gpu_time_tol_rel * gm)
         r = min(meds, key=lambda x: meds[x])
         others = [meds[o] for o in members if o != r]
-        need = self._learn((c, COLL), r, {x: -v for x, v in meds.items()}, rec.floor_ns)
+        need = self._learn((c, COLL), r, meds, rec.floor_ns)
         if all(v - meds[r] > tol for v in others):
             take(r, COLL, median(others) - meds[r], tol, need)
 

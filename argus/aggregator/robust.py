@@ -74,13 +74,6 @@ class Noise:
         return self._cache
 
 
-def fence_high(scores: List[float], k: float) -> float:
-    """Upper IQR fence Q3 + k·IQR of a non-empty score list."""
-    s = sorted(scores)
-    q1, q3 = quantile_sorted(s, 0.25), quantile_sorted(s, 0.75)
-    return q3 + k * (q3 - q1)
-
-
 OUTLIER_K = 4.0
 
 
@@ -93,3 +86,10 @@ def teaching(devs: List[float], floor: float) -> List[float]:
         return devs
     typical = median(devs)
     return [d for d in devs if d < floor or d < OUTLIER_K * typical]
+
+
+def fence_high(scores: List[float], k: float) -> float:
+    """Upper IQR fence Q3 + k·IQR of a non-empty score list."""
+    s = sorted(scores)
+    q1, q3 = quantile_sorted(s, 0.25), quantile_sorted(s, 0.75)
+    return q3 + k * (q3 - q1)
