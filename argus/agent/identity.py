@@ -304,7 +304,7 @@ class _Reader:
 
 def read_live_environ(pid: int) -> Optional[Dict[str, str]]:
     """The C library's `environ` array as it is now in the process's memory; None when no
-    `environ` is found (no C library we know) or the memory cannot be read."""
+    `environ` is found (no C library we know), it is not set yet, or the memory cannot be read."""
     try:
         reader = _Reader(pid)
     except OSError:
@@ -326,7 +326,9 @@ def read_live_environ(pid: int) -> Optional[Dict[str, str]]:
                 return None
             (array,) = struct.unpack("<Q", raw)
             if not array:
-                return {}
+                # a process in its first microseconds after exec: the C library has not yet set
+                # `environ` (clearenv() also empties it, rarer than an agent started with the job)
+                return None
             ptrs = reader.until(array, b"\0" * 8, 8, MAX_VARS * 8)
             items = [reader.until(p, b"\0", 1, MAX_VAR_BYTES) for (p,) in struct.iter_unpack("<Q", ptrs) if p]
             return _parse_env(items)
