@@ -435,7 +435,9 @@ def test_captured_pipeline_runs_name_the_fault_once(run: dict) -> None:
     grew 0.6x the sender's; or the pair was judged before any phase stood out twice), and a
     backward bubble on rank 5 flipped to its waiting peer 4 after one noisy forward step there,
     or (Python channel on, two busy loops beside the job) turned into a link when a 3 ms forward
-    noise stood out twice next to the 15 ms backward."""
+    noise stood out twice next to the 15 ms backward; and (one busy loop) a slowed link whose
+    receiving forward grew 2 ms beside the sender's 6 ms, too noisy to stand out, called a bubble on
+    rank 3."""
     from argus import wire
 
     kind, ranks = ("slow_link", [2, 3]) if run["inject"].startswith("slow_link") else ("pipeline_bubble", [5])
@@ -478,7 +480,9 @@ def _judge_captured(run: dict, th: Thresholds) -> Tuple[List[Tuple[str, List[int
     return fired, at
 
 
-@pytest.mark.parametrize("run", _blocking_runs(), ids=lambda r: r["run"])
+@pytest.mark.parametrize(
+    "run", [r for r in _blocking_runs() if not r["inject"].startswith("straggler")], ids=lambda r: r["run"]
+)
 def test_captured_blocking_runs_name_the_link_from_who_waited_least(run: dict) -> None:
     """Real summaries of the second stand-ins (blocking collectives, 8 ranks, pp-dp, `argus probe`
     attached late) on which a link slowed from the start was named late, flapped, or was called a
@@ -496,11 +500,23 @@ def test_captured_blocking_runs_name_the_link_from_who_waited_least(run: dict) -
         assert [f for f in fired if f[1]] == [], fired
 
 
+@pytest.mark.parametrize(
+    "run", [r for r in _blocking_runs() if r["inject"].startswith("straggler")], ids=lambda r: r["run"]
+)
+def test_captured_blocking_runs_name_one_straggler_right_after_attach(run: dict) -> None:
+    """Real summaries (second stand-ins, 8 ranks, dp, every 2nd collective recorded, attached late,
+    CI load) in which rank 1 waited far less than the median in the three steps after attach, least
+    of all in one: a second straggler while the group's noise was young. Only steps where a rank's
+    wait was the lowest escape the young rule; rank 5, the straggler, is named alone."""
+    fired, _at = _judge_captured(run, Thresholds())
+    assert [f for f in fired if f[1]] == [("straggler", [5])], fired
+
+
 def test_without_the_wait_order_rule_the_captured_links_are_misjudged() -> None:
     """The rule above is what names them: with it off, some captured link is misjudged."""
     bad = 0
     for run in _blocking_runs():
-        if not run["inject"]:
+        if not run["inject"].startswith("slow_link"):
             continue
         fired, at = _judge_captured(run, Thresholds(wait_order_ratio=0.0))
         ok = bool(fired) and fired[0] == ("slow_link", [2, 3]) and at is not None and at <= 8
