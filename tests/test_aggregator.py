@@ -437,10 +437,16 @@ def test_captured_pipeline_runs_name_the_fault_once(run: dict) -> None:
     or (Python channel on, two busy loops beside the job) turned into a link when a 3 ms forward
     noise stood out twice next to the 15 ms backward; and (one busy loop) a slowed link whose
     receiving forward grew 2 ms beside the sender's 6 ms, too noisy to stand out, called a bubble on
-    rank 3."""
+    rank 3; and compute stragglers (factor 1.5) in stage 0 or 1, whose forward and backward grew on
+    both ends of the pair alike, called a slow link, or their peer named: only the straggler's
+    optimizer step grew alone."""
     from argus import wire
 
-    kind, ranks = ("slow_link", [2, 3]) if run["inject"].startswith("slow_link") else ("pipeline_bubble", [5])
+    inject = run["inject"]
+    if inject.startswith("slow_link"):
+        kind, ranks = "slow_link", [2, 3]
+    else:  # a bubble or a compute straggler: the stage's rank, named as the pipeline's bubble
+        kind, ranks = "pipeline_bubble", [int(inject.split("rank=")[1].split(",")[0])]
     eng = Engine(None, NAMES)
     fired = []
     for data in run["steps"]:

@@ -485,7 +485,10 @@ def name_culprits(
             strength = {x: -l2.extra(x, WAIT_P2P)[1] for x in ordered}
         cause = max(ordered, key=lambda x: (strength[x], -x))
         prev = l2.causes.get(frozenset(comp))
-        if prev is not None and prev in cands and strength[cause] < th.cause_keep * strength[prev]:
+        alone = grew_alone(ordered[0], ordered[1], l2, th, set()) if len(ordered) == 2 else None
+        if alone is not None:
+            cause = alone  # its own work grew, its peer's did not: both waiting phases grew alike
+        elif prev is not None and prev in cands and strength[cause] < th.cause_keep * strength[prev]:
             cause = prev  # keep the rank already named unless a peer clearly outgrew it
         if cause not in cands:
             continue  # its peer grew more but is not persistent yet: decide next step
@@ -628,6 +631,46 @@ def _link_pattern(a: int, b: int, l2: L2, th: Thresholds) -> str:
             corroborated += 1
         elif max(ea, eb) >= 0.25 * ref:
             maybe += 1
+    if grew_alone(a, b, l2, th, flagged) is not None:
+        return "no"
     if strong + corroborated >= 2:
         return "maybe" if hidden else "link"
     return "maybe" if maybe or hidden else "no"
+
+
+def grew_alone(a: int, b: int, l2: L2, th: Thresholds, skip: Set[str]) -> Optional[int]:
+    """The end of a pair whose own work grew: a phase (not communication, not in `skip`) that on it
+    grew by twice the largest deviation of the group's other ranks in their recent steps, and by at
+    least half the relative growth of the end's most grown phase (a slow GPU or host slows all its
+    own work by about one factor; a wait for the peer grows a phase by part of the peer's delay),
+    while the other end grew by less than a quarter as much. A slower transfer grows what both ends
+    do; a compute straggler inside a pipeline stage also grows work its peer does not wait on (its
+    optimizer step: 1.5x beside its peer's 1.0 in the simulated job, while forward and backward
+    grew 1.1-1.5x on both ends alike; a bubble's waiting peer's forward grew 1.15-1.23x while its
+    backward, waiting, grew 1.64x). The other ranks' recent deviations are the reference, not the
+    group's learnt noise, which a deviation below the naming floors teaches."""
+    roles = {p: r for m in l2.roles.values() for p, r in m.items()}
+    phases = {p for x in (a, b) for d in l2.devs.get(x, ()) for p in d} - skip
+    top = {  # each end's largest ratio among the phases it stood out in
+        x: max(
+            [v[0] for p, v in l2.phase_summary(x, th.persist_n).items() if not p.endswith(":low")],
+            default=1.0,
+        )
+        for x in (a, b)
+    }
+    found: Set[int] = set()
+    for p in phases:
+        if roles.get(p) == "comm":
+            continue
+        for x, y in ((a, b), (b, a)):
+            rx, ex = l2.extra(x, p)
+            eps = l2.episode(x, th.persist_n)
+            if not eps or ex <= 0 or rx - 1.0 < max(th.rel_min, 0.5 * (top[x] - 1.0)):
+                continue
+            if l2.extra(y, p)[1] >= 0.25 * ex:
+                continue
+            others = [m for m in l2.members.get(eps[-1].group, ()) if m not in (x, y)]
+            spread = [abs(d[p][1]) for m in others for d in l2.devs.get(m, ()) if p in d]
+            if len(others) >= 2 and spread and ex > 2 * max(spread):
+                found.add(x)
+    return found.pop() if len(found) == 1 else None
