@@ -6,10 +6,11 @@ Redis, alerts read back from Redis.
                                                            [--families sim,standins] [--faults ...]
 
 Matrix: {fault present before attach, fault after attach} x {the simulator, the second stand-ins
-(tests/standins)} x {straggler, slow link, hang}, plus one clean run of `--clean-steps` probed
-steps per family. Timers off: `--families standins-async-net,standins-async-timing,... --faults
-straggler` (VARIANTS: jobs that record no timers, each with one kind of GPU-arrival evidence; the
-`evidence` column says what the alert used). The agent always arrives late: every communicator
+(tests/standins)} x {straggler, slow link, hang} (and, asked for, `pp_straggler`: a compute
+straggler in pipeline stage 0), plus one clean run of `--clean-steps` probed steps per family.
+Timers off: `--families standins-async-net,standins-async-timing,... --faults straggler`
+(VARIANTS: jobs that record no timers, each with one kind of GPU-arrival evidence; the `evidence`
+column says what the alert used). The agent always arrives late: every communicator
 was created before it.
 
 * detected: an alert of the expected kind naming exactly the faulty rank (the link's pair) fires;
@@ -43,11 +44,12 @@ from benchmarks._util import env, sigint_default  # noqa: E402
 from tests import families  # noqa: E402
 from tests.redisproc import RedisProc  # noqa: E402
 
-# per family: straggler factor, slow-link factor (a pipeline pair of pp-dp), attach step, onset of
-# an after-attach fault (past the ~4 s the agent takes to attach: ~65 simulated steps, ~36 stand-in)
+# per family: straggler factor, slow-link factor (a pipeline pair of pp-dp), pipeline straggler
+# factor, attach step, onset of an after-attach fault (past the ~4 s the agent takes to attach: ~65
+# simulated steps, ~36 stand-in)
 PARAMS: Dict[str, Dict[str, Any]] = {
-    "sim": {"straggler": 1.35, "link": 100, "attach": 20, "onset": 150},
-    "standins": {"straggler": 1.35, "link": 20, "attach": 10, "onset": 90},
+    "sim": {"straggler": 1.35, "link": 100, "pp_straggler": 1.5, "attach": 20, "onset": 150},
+    "standins": {"straggler": 1.35, "link": 20, "pp_straggler": 1.5, "attach": 10, "onset": 90},
 }
 # timers off (issue "Which GPU arrived last"): family variants that record no timers, each leaving
 # one kind of GPU-arrival evidence (docs/diagnosis.md); the table's `evidence` column says what the
@@ -61,7 +63,14 @@ VARIANTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
     "standins-async-none": ("standins", {"variant": "async", "ranks_per_host": 8}),
 }
 FAULTS = ("straggler", "slow_link", "hang")
-KINDS = {"straggler": "straggler", "slow_link": "slow_link", "hang": "hang"}
+# also: a compute straggler inside pipeline stage 0 (`--faults pp_straggler`): its pipeline peer
+# waits in forward and backward as for a slow link, and it is named as the pipeline's bubble
+KINDS = {
+    "straggler": "straggler",
+    "slow_link": "slow_link",
+    "hang": "hang",
+    "pp_straggler": "pipeline_bubble",
+}
 
 
 @dataclass
@@ -92,6 +101,13 @@ def spec(family: str, fault: str, when: str) -> Tuple[str, List[str], int, List[
         return "dp", [f"straggler:rank=5,factor={p['straggler']},from_step={onset}"], p["onset"] + 90, [5]
     if fault == "slow_link":
         return "pp-dp", [f"slow_link:ranks=2-3,factor={p['link']},from_step={onset}"], p["onset"] + 90, [2, 3]
+    if fault == "pp_straggler":
+        return (
+            "pp-dp",
+            [f"straggler:rank=2,factor={p['pp_straggler']},from_step={onset}"],
+            p["onset"] + 90,
+            [2],
+        )
     if fault == "hang":
         step = 12 if when == "before" else onset
         return "dp", [f"hang:rank=6,step={step}"], 4000, [6]

@@ -641,8 +641,9 @@ def _link_pattern(a: int, b: int, l2: L2, th: Thresholds) -> str:
 def grew_alone(a: int, b: int, l2: L2, th: Thresholds, skip: Set[str]) -> Optional[int]:
     """The end of a pair whose own work grew: a phase (not communication, not in `skip`) that on it
     grew by twice the largest deviation of the group's other ranks in their recent steps, and by at
-    least half the relative growth of the end's most grown phase (a slow GPU or host slows all its
-    own work by about one factor; a wait for the peer grows a phase by part of the peer's delay),
+    least half the relative growth of the end's phases that stood out on both ends (a slow GPU or
+    host slows all its own work by about one factor; a wait for the peer grows a phase by part of
+    the peer's delay),
     while the other end grew by less than a quarter as much. A slower transfer grows what both ends
     do; a compute straggler inside a pipeline stage also grows work its peer does not wait on (its
     optimizer step: 1.5x beside its peer's 1.0 in the simulated job, while forward and backward
@@ -651,9 +652,14 @@ def grew_alone(a: int, b: int, l2: L2, th: Thresholds, skip: Set[str]) -> Option
     group's learnt noise, which a deviation below the naming floors teaches."""
     roles = {p: r for m in l2.roles.values() for p, r in m.items()}
     phases = {p for x in (a, b) for d in l2.devs.get(x, ()) for p in d} - skip
-    top = {  # each end's largest ratio among the phases it stood out in
+    # each end's growth where both ends stood out (what the waiting peer shares; its own phase that
+    # spiked once must not set the bar: a 2.2x forward burst hid a straggler's 1.5x optimizer)
+    summary = {x: l2.phase_summary(x, th.persist_n) for x in (a, b)}
+    both = [{p for p, v in summary[x].items() if not p.endswith(":low") and v[2] >= 2} for x in (a, b)]
+    top = {
         x: max(
-            [v[0] for p, v in l2.phase_summary(x, th.persist_n).items() if not p.endswith(":low")],
+            [l2.extra(x, p)[0] for p in both[0] & both[1]]
+            or [v[0] for p, v in summary[x].items() if not p.endswith(":low")],
             default=1.0,
         )
         for x in (a, b)
