@@ -643,13 +643,12 @@ def grew_alone(a: int, b: int, l2: L2, th: Thresholds, skip: Set[str]) -> Option
     grew by twice the largest deviation of the group's other ranks in their recent steps, and by at
     least half the relative growth of the end's phases that stood out on both ends (a slow GPU or
     host slows all its own work by about one factor; a wait for the peer grows a phase by part of
-    the peer's delay),
-    while the other end grew by less than a quarter as much. A slower transfer grows what both ends
-    do; a compute straggler inside a pipeline stage also grows work its peer does not wait on (its
-    optimizer step: 1.5x beside its peer's 1.0 in the simulated job, while forward and backward
-    grew 1.1-1.5x on both ends alike; a bubble's waiting peer's forward grew 1.15-1.23x while its
-    backward, waiting, grew 1.64x). The other ranks' recent deviations are the reference, not the
-    group's learnt noise, which a deviation below the naming floors teaches."""
+    the peer's delay), while the other end grew by less than a quarter as much. A slower transfer
+    grows what both ends do; a compute straggler inside a pipeline stage also grows work its peer
+    does not wait on (its optimizer step: 1.5x beside its peer's 1.0 in the simulated job, while
+    forward and backward grew 1.1-1.5x on both ends alike; a bubble's waiting peer's forward grew
+    1.15-1.23x while its backward, waiting, grew 1.64x). The other ranks' recent deviations are the
+    reference, not the group's learnt noise, which a deviation below the naming floors teaches."""
     roles = {p: r for m in l2.roles.values() for p, r in m.items()}
     phases = {p for x in (a, b) for d in l2.devs.get(x, ()) for p in d} - skip
     # each end's growth where both ends stood out (what the waiting peer shares; its own phase that
@@ -664,19 +663,24 @@ def grew_alone(a: int, b: int, l2: L2, th: Thresholds, skip: Set[str]) -> Option
         )
         for x in (a, b)
     }
+    # each end's group's other ranks (the reference), looked up once, not per phase
+    others: Dict[int, Optional[List[int]]] = {}
+    for x, y in ((a, b), (b, a)):
+        eps = l2.episode(x, th.persist_n)
+        others[x] = [m for m in l2.members.get(eps[-1].group, ()) if m not in (x, y)] if eps else None
     found: Set[int] = set()
     for p in phases:
         if roles.get(p) == "comm":
             continue
         for x, y in ((a, b), (b, a)):
             rx, ex = l2.extra(x, p)
-            eps = l2.episode(x, th.persist_n)
-            if not eps or ex <= 0 or rx - 1.0 < max(th.rel_min, 0.5 * (top[x] - 1.0)):
+            ref = others[x]
+            if ref is None or ex <= 0 or rx - 1.0 < max(th.rel_min, 0.5 * (top[x] - 1.0)):
                 continue
             if l2.extra(y, p)[1] >= 0.25 * ex:
                 continue
-            others = [m for m in l2.members.get(eps[-1].group, ()) if m not in (x, y)]
-            spread = [abs(d[p][1]) for m in others for d in l2.devs.get(m, ()) if p in d]
-            if len(others) >= 2 and spread and ex > 2 * max(spread):
+            # (only now, past the cheap tests: O(group size))
+            spread = [abs(d[p][1]) for m in ref for d in l2.devs.get(m, ()) if p in d]
+            if len(ref) >= 2 and spread and ex > 2 * max(spread):
                 found.add(x)
     return found.pop() if len(found) == 1 else None
