@@ -5,6 +5,7 @@ summaries of `argus probe --json` and, for hangs, heartbeats built from the prob
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple, Union
@@ -195,3 +196,21 @@ def trainer_step(c: Collected, rs: RankStep) -> Optional[int]:
     from tests.families import trainer_step_at
 
     return trainer_step_at(c.truth["steps"], rs.rank, rs.end_ns - rs.clock_offset_ns)
+
+
+def job_slowed(c: Collected, first: int, last: int) -> float:
+    """The job's own step time (its slowest rank, from the trainer's records) over trainer steps
+    first..last, over the 30 steps before: whether a job-level step-time alert is true. On this
+    shared 2-core VM the whole job does slow down at times (CPU steal), and saying so is right."""
+    from tests.families import step_times
+
+    times = c.truth.get("steps")  # collect_late's; the simulator's own truth has a step count there
+    if not isinstance(times, dict):
+        times = step_times(c.job)
+    per: dict = {}
+    for rows in times.values():
+        for s, start, end in rows:
+            per[s] = max(per.get(s, 0), end - start)
+    during = [per[s] for s in range(first, last + 1) if s in per]
+    before = [per[s] for s in range(first - 30, first) if s in per]
+    return statistics.median(during) / statistics.median(before) if during and before else 0.0

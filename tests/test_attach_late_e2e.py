@@ -19,7 +19,7 @@ from argus.aggregator.config import PhaseInfo, Thresholds
 from argus.aggregator.engine import Engine
 from argus.schema import Heartbeat, RankStep
 from tests import families
-from tests.agg_probing import Collected, collect_hang, collect_late, trainer_step
+from tests.agg_probing import Collected, collect_hang, collect_late, job_slowed, trainer_step
 
 pytestmark = pytest.mark.bpf
 
@@ -75,6 +75,14 @@ def judge(c: Collected, names: str) -> Tuple[Engine, List[Tuple[Alert, Optional[
     return eng, fired
 
 
+def _job_really_slowed(c: Collected, a: Alert, at: Optional[int]) -> bool:
+    """A job-level step-time alert whose trainer steps (the `at` it fired in, as many back as the
+    alert spans) really were 1.15x the job's steps before."""
+    if a.ranks or a.kind not in L1_KINDS or at is None:
+        return False
+    return job_slowed(c, at - (a.steps[1] - a.steps[0]), at) >= 1.15
+
+
 def _onset(inject: str) -> Optional[int]:
     kv = dict(p.split("=") for p in inject.partition(":")[2].split(",") if "=" in p)
     for k in ("from_step", "step"):
@@ -90,6 +98,9 @@ def test_fault_is_named_attached_late(case: Case) -> None:
     assert "communicators identified from " + ("table" if fam == "sim" else "accessors") in c.probe_stderr
     eng, fired = judge(c, families.PHASES[fam])
     got = [(a.kind, a.ranks, s) for a, s in fired]
+    # a job-level step-time alert before the finding is right where the job's own clock slowed as
+    # much (CPU steal on this shared VM: a standins job slowed 1.25x ten steps before its host stall)
+    fired = [(a, s) for a, s in fired if not _job_really_slowed(c, a, s)]
     assert fired, f"nothing fired for {inject}: {eng.jobs and next(iter(eng.jobs.values())).align.summary()}"
     first, at_step = fired[0]
     ev = json.dumps(first.evidence, default=str)

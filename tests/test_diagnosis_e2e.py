@@ -18,7 +18,7 @@ from argus.aggregator.config import PhaseInfo, Thresholds
 from argus.aggregator.engine import Engine
 from argus.schema import RankStep
 from argus.sim.launcher import SimConfig
-from tests.agg_probing import Collected, collect_steps, collect_with_heartbeats, onset
+from tests.agg_probing import Collected, collect_steps, collect_with_heartbeats, job_slowed, onset
 
 pytestmark = pytest.mark.bpf
 
@@ -124,9 +124,13 @@ def test_hang_names_the_missing_rank_and_sequence(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("layout,steps", [("dp", 300), ("pp-dp", 150)])
 def test_clean_run_raises_no_alert(layout: str, steps: int, tmp_path: Path) -> None:
-    """No alert names a rank; a job-level step-time alert only where the job's own clock (the
-    trainer's step records) slowed as much: on this shared 2-core VM the whole job sometimes does
-    slow down (CPU steal), and saying so is right."""
+    """No alert names a rank unless the trainer's own records say that rank was slow; a job-level
+    step-time alert only where the job's own clock (the trainer's step records) slowed as much: on
+    this shared 2-core VM the whole job sometimes does slow down (CPU steal), and saying so is
+    right. The simulated GPUs are threads, so a co-tenant can really slow one rank's "GPU" work:
+    in 3 of 6 clean pp-dp runs with one busy loop beside the job, a stage-0 rank's forward took
+    1.7-2.4x its stage's for 4 of 6 steps while its peers waited for it (named a pipeline bubble;
+    in CI once, 1.56x, without a busy loop)."""
     c = collect_steps(
         SimConfig(timers=True, ranks=8, steps=steps, layout=layout, preset="small", run_dir=str(tmp_path))
     )
@@ -134,22 +138,44 @@ def test_clean_run_raises_no_alert(layout: str, steps: int, tmp_path: Path) -> N
     assert eng.stats.steps_judged >= steps - 3
     ev = json.dumps([a.evidence for a, _ in fired], default=str)
     unjustified = [
-        (a.kind, a.ranks, s, round(_truth_ratio(c, *a.steps), 2))
+        (a.kind, a.ranks, s, round(job_slowed(c, *a.steps), 2))
         for a, s in fired
-        if a.ranks or a.kind not in ("step_regression", "step_spike") or _truth_ratio(c, *a.steps) < 1.15
+        if (a.ranks and not (a.kind in ("straggler", "pipeline_bubble") and _rank_was_slow(c, a.ranks[0], s)))
+        or (
+            not a.ranks
+            and (a.kind not in ("step_regression", "step_spike") or job_slowed(c, *a.steps) < 1.15)
+        )
     ]
     assert unjustified == [], ev
     for a, _s in fired:
-        print(f"\n{a.kind} steps {a.steps}: the trainer's own steps slowed {_truth_ratio(c, *a.steps):.2f}x")
+        print(f"\n{a.kind} steps {a.steps}: the trainer's own steps slowed {job_slowed(c, *a.steps):.2f}x")
 
 
-def _truth_ratio(c: Collected, first: int, last: int) -> float:
-    """The job's step time (slowest rank, from the trainer's records) over steps first..last, over
-    the 30 steps before."""
-    per: dict = {}
-    for rs in c.job.ranks.values():
-        for r in rs.records:
-            per[r["step"]] = max(per.get(r["step"], 0), r["end_ns"] - r["start_ns"])
-    during = [per[s] for s in range(first, last + 1) if s in per]
-    before = [per[s] for s in range(first - 30, first) if s in per]
-    return statistics.median(during) / statistics.median(before) if during and before else 0.0
+def _rank_was_slow(c: Collected, rank: int, at: Optional[int], ratio: float = 1.3) -> bool:
+    """In at least 3 of the 4 steps up to `at`, one of the rank's phases, as the trainer itself timed
+    it, took `ratio` x the median of the ranks that do the same work (their median over the run
+    within 20% of its own: its stage). Measured on clean pp-dp runs: 0 of 1,104 rank-steps pass
+    this idle, 4 of 1,104 with one busy loop beside the job; every rank the aggregator named in 8
+    such busy runs (5 alerts) passed it."""
+    if at is None:
+        return False
+    timers = {r: {x["step"]: x.get("timers_ms") or {} for x in rs.records} for r, rs in c.job.ranks.items()}
+    slow = 0
+    for step in range(at - 3, at + 1):
+        mine = timers[rank].get(step, {})
+        for phase, v in mine.items():
+            if phase == "grad_sync":  # a wait: the slow rank's peers wait longer there
+                continue
+            typical = statistics.median([t[phase] for t in timers[rank].values() if phase in t])
+            peers = [
+                t[step][phase]
+                for r, t in timers.items()
+                if step in t
+                and phase in t[step]
+                and abs(statistics.median([x[phase] for x in t.values() if phase in x]) - typical)
+                <= 0.2 * typical
+            ]
+            if len(peers) >= 3 and v >= ratio * statistics.median(peers):
+                slow += 1
+                break
+    return slow >= 3
