@@ -26,6 +26,7 @@ was created before it.
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import subprocess
 import sys
@@ -213,6 +214,7 @@ def run_one(
         client.close()
         if kept is not None:
             kept.close()
+        shutil.rmtree(d, ignore_errors=True)  # the job's logs: what matters is in `kept`
     return run
 
 

@@ -73,7 +73,11 @@ def main() -> int:
 
     # a build of the simulated libraries of its own: bcc 0.26 cannot put a second uprobe on an
     # instruction another process (an argus probe beside) already probes
-    os.environ["ARGUS_CACHE_DIR"] = tempfile.mkdtemp(prefix="argus-uprobe-session-")
+    os.environ["ARGUS_CACHE_DIR"] = cache = tempfile.mkdtemp(prefix="argus-uprobe-session-")
+    import atexit
+    import shutil
+
+    atexit.register(shutil.rmtree, cache, True)  # (each run left its build behind in /tmp)
     from bcc import BPF
 
     from argus.sim.build import build

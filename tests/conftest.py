@@ -247,3 +247,22 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _scratch_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """What the code under test keeps on purpose (a simulated job's logs and truth, the demo's
+    report: /tmp/argus-sim-*, /tmp/argus-demo-*) goes under pytest's own temporary directory, of
+    which only the last three sessions are kept: in /tmp, each full run left ~50 of them."""
+    import tempfile
+
+    d = str(tmp_path_factory.mktemp("scratch"))
+    old_env, old = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = d  # subprocesses: the simulated ranks, `argus demo`
+    tempfile.tempdir = d
+    yield
+    tempfile.tempdir = old
+    if old_env is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = old_env

@@ -487,21 +487,25 @@ class RankTracker:
                 self.unassigned_epochs += 1
             return out
         keep: List[int] = []
-        for e in self.queue:
-            keep.append(e)
-            if not self.detector.is_boundary(self._sig(e)):
-                continue
-            if self.last_boundary is not None:
-                out.append(self.summarize(keep, wall_offset_ns, wall_offset_err_ns))
-            self.last_boundary_sync = self.epoch(e).sync  # before `e` (in `keep`) is forgotten
-            for x in keep:
+        done = 0  # queue entries cut into steps (or left out): never cut twice, even on an exception
+        try:
+            for i, e in enumerate(self.queue):
+                keep.append(e)
+                if not self.detector.is_boundary(self._sig(e)):
+                    continue
                 if self.last_boundary is not None:
-                    self.epochs.pop(x, None)
-                else:  # before the first boundary: the step the agent attached in the middle of
-                    self._leave_out(x)
-            keep = []
-            self.last_boundary = e
-        self.queue = keep
+                    out.append(self.summarize(keep, wall_offset_ns, wall_offset_err_ns))
+                self.last_boundary_sync = self.epoch(e).sync  # before `e` (in `keep`) is forgotten
+                for x in keep:
+                    if self.last_boundary is not None:
+                        self.epochs.pop(x, None)
+                    else:  # before the first boundary: the step the agent attached in the middle of
+                        self._leave_out(x)
+                keep = []
+                self.last_boundary = e
+                done = i + 1
+        finally:
+            self.queue = self.queue[done:]
         if len(self._sigs) > len(keep):
             self._sigs = {x: self._sigs[x] for x in keep if x in self._sigs}
         return out
