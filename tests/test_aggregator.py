@@ -440,7 +440,8 @@ def test_captured_pipeline_runs_name_the_fault_once(run: dict) -> None:
     rank 3; and compute stragglers (factor 1.5) in stage 0 or 1, whose forward and backward grew on
     both ends of the pair alike, called a slow link, or their peer named: only the straggler's
     optimizer step grew alone (attached late, a link named 35 steps in once a 2.2x forward burst
-    set the bar for that growth)."""
+    set the bar for that growth; and, attached as the straggler began, a 2-step forward burst on
+    both ends as the job ended turned the named straggler into a second, slow-link, alert)."""
     from argus import wire
 
     inject = run["inject"]

@@ -459,12 +459,18 @@ def name_culprits(
                 out.append(Culprit("straggler", [r]))
             continue
         ordered = sorted(comp)
+        # a pair one end of which was already named the cause: what both ends show must have stood
+        # out as long as a cause must (a 2-step burst on both ends at a job's end raised the bar
+        # for the work the named pipeline straggler grew alone, and a contradicting slow link fired)
+        need = th.persist_k if frozenset(comp) in l2.causes else 2
         if len(ordered) == 2:
             a, b = ordered
             link = groups.small_links(a, b)
             if link is not None:
                 verdict = (
-                    "link" if (a, b) in l2.links and l2.links[(a, b)] < 0 else _link_pattern(a, b, l2, th)
+                    "link"
+                    if (a, b) in l2.links and l2.links[(a, b)] < 0
+                    else _link_pattern(a, b, l2, th, need)
                 )
                 if verdict == "link":
                     l2.links[(a, b)] = -1  # once a link, it stays one while the pair stands out
@@ -485,7 +491,7 @@ def name_culprits(
             strength = {x: -l2.extra(x, WAIT_P2P)[1] for x in ordered}
         cause = max(ordered, key=lambda x: (strength[x], -x))
         prev = l2.causes.get(frozenset(comp))
-        alone = grew_alone(ordered[0], ordered[1], l2, th, set()) if len(ordered) == 2 else None
+        alone = grew_alone(ordered[0], ordered[1], l2, th, set(), need) if len(ordered) == 2 else None
         if alone is not None:
             cause = alone  # its own work grew, its peer's did not: both waiting phases grew alike
         elif prev is not None and prev in cands and strength[cause] < th.cause_keep * strength[prev]:
@@ -574,7 +580,7 @@ def _wait_pattern(a: int, b: int, l2: L2, th: Thresholds) -> str:
     return "maybe" if top > 0 and min(ea, eb) >= 0.25 * top else "no"
 
 
-def _link_pattern(a: int, b: int, l2: L2, th: Thresholds) -> str:
+def _link_pattern(a: int, b: int, l2: L2, th: Thresholds, min_steps: int = 2) -> str:
     """'link' when the transfers between a and b got slower: in every phase both of them stand out
     in, both grew by about the same time; a phase standing out on one end only grew on the other by
     at least a quarter as much; and they grew in at least two phases (every phase that moves data
@@ -584,9 +590,14 @@ def _link_pattern(a: int, b: int, l2: L2, th: Thresholds) -> str:
     shows a phase its waiting peer does not (a pipeline bubble grows backward only; a compute
     straggler also its optimizer step). 'maybe' when only one phase qualifies yet but another is
     growing on one end, or a phase flagged on one end grew on the other by less than a quarter (a
-    receiver that waited anyway hides a slower transfer for a step or two); 'no' otherwise."""
+    receiver that waited anyway hides a slower transfer for a step or two); 'no' otherwise. A phase
+    stands out when it did in `min_steps` of the last `persist_n`."""
     by: Dict[int, Set[str]] = {
-        x: {p for p, v in l2.phase_summary(x, th.persist_n).items() if not p.endswith(":low") and v[2] >= 2}
+        x: {
+            p
+            for p, v in l2.phase_summary(x, th.persist_n).items()
+            if not p.endswith(":low") and v[2] >= min_steps
+        }
         for x in (a, b)
     }
     flagged = by[a] | by[b]
@@ -631,14 +642,14 @@ def _link_pattern(a: int, b: int, l2: L2, th: Thresholds) -> str:
             corroborated += 1
         elif max(ea, eb) >= 0.25 * ref:
             maybe += 1
-    if grew_alone(a, b, l2, th, flagged) is not None:
+    if grew_alone(a, b, l2, th, flagged, min_steps) is not None:
         return "no"
     if strong + corroborated >= 2:
         return "maybe" if hidden else "link"
     return "maybe" if maybe or hidden else "no"
 
 
-def grew_alone(a: int, b: int, l2: L2, th: Thresholds, skip: Set[str]) -> Optional[int]:
+def grew_alone(a: int, b: int, l2: L2, th: Thresholds, skip: Set[str], min_steps: int = 2) -> Optional[int]:
     """The end of a pair whose own work grew: a phase (not communication, not in `skip`) that on it
     grew by twice the largest deviation of the group's other ranks in their recent steps, and by at
     least half the relative growth of the end's phases that stood out on both ends (a slow GPU or
@@ -648,13 +659,16 @@ def grew_alone(a: int, b: int, l2: L2, th: Thresholds, skip: Set[str]) -> Option
     does not wait on (its optimizer step: 1.5x beside its peer's 1.0 in the simulated job, while
     forward and backward grew 1.1-1.5x on both ends alike; a bubble's waiting peer's forward grew
     1.15-1.23x while its backward, waiting, grew 1.64x). The other ranks' recent deviations are the
-    reference, not the group's learnt noise, which a deviation below the naming floors teaches."""
+    reference, not the group's learnt noise, which a deviation below the naming floors teaches.
+    "Stood out" is in `min_steps` of the last `persist_n` steps."""
     roles = {p: r for m in l2.roles.values() for p, r in m.items()}
     phases = {p for x in (a, b) for d in l2.devs.get(x, ()) for p in d} - skip
     # each end's growth where both ends stood out (what the waiting peer shares; its own phase that
     # spiked once must not set the bar: a 2.2x forward burst hid a straggler's 1.5x optimizer)
     summary = {x: l2.phase_summary(x, th.persist_n) for x in (a, b)}
-    both = [{p for p, v in summary[x].items() if not p.endswith(":low") and v[2] >= 2} for x in (a, b)]
+    both = [
+        {p for p, v in summary[x].items() if not p.endswith(":low") and v[2] >= min_steps} for x in (a, b)
+    ]
     top = {
         x: max(
             [l2.extra(x, p)[0] for p in both[0] & both[1]]
