@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import List, Optional, Set, Tuple
@@ -14,6 +15,7 @@ from argus.aggregator.config import PhaseInfo, Thresholds
 from argus.aggregator.diagnose import report_data, report_text
 from argus.aggregator.engine import Engine, JsonlSource
 from argus.aggregator.hang import HangWatch
+from argus.aggregator.ranks import arrival_lateness
 from argus.aggregator.robust import Noise, median, w1_sorted
 from argus.aggregator.state import Aligner, Groups
 from argus.schema import Heartbeat, InFlight, RankStep
@@ -530,3 +532,27 @@ def test_without_the_wait_order_rule_the_captured_links_are_misjudged() -> None:
         ok = bool(fired) and fired[0] == ("slow_link", [2, 3]) and at is not None and at <= 8
         bad += not (ok and not [f for f in fired[1:] if f[1]])
     assert bad >= 2
+
+
+def test_a_member_that_began_sampling_mid_step_is_matched_not_taken_as_the_reference() -> None:
+    """Every n-th collective recorded: a member whose agent began sampling in the middle of the
+    step also holds the instances before (0, 1, 2, 4, 6 of 8, the others 0, 2, 4, 6). It is matched
+    to the others by position; when it came first, the step's arrivals were all dropped."""
+    job = steps(Job(steps=1, ranks=4, layout="dp"))
+    g = Groups(min_group=3)
+    for rs in job:
+        g.observe(rs)
+    ranks = {}
+    for rs in job:
+        (key, c), *_ = rs.comms.items()
+        late = 5_000_000 if rs.rank == 2 else 0
+        seqs = [0, 1, 2, 4, 6] if rs.rank == 0 else [0, 2, 4, 6]
+        arrive = [1_000_000 * q + late + rs.rank for q in seqs]
+        c = dataclasses.replace(
+            c, seqs=seqs, arrive_ns=arrive, host_ns=[1000] * len(seqs), first_seq=0, count=8
+        )
+        ranks[rs.rank] = dataclasses.replace(rs, comms={key: c})
+    late = arrival_lateness(ranks, g)
+    assert sorted(late) == [0, 1, 2, 3]
+    assert max(late, key=lambda r: late[r][0]) == 2 and late[2][0] >= 4_000_000
+    assert late[0][1] == 4  # matched on the 4 instances the others hold

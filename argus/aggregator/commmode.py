@@ -17,16 +17,28 @@ high values are victims, never causes.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from typing import Deque, Dict, List, Optional
 
 from argus.aggregator.robust import median
 from argus.aggregator.state import Groups
-from argus.schema import RankStep
+from argus.schema import CommStep, RankStep
 
 WAIT_COLL = "wait:coll"
 WAIT_P2P = "wait:p2p"
 WAIT_PHASES = (WAIT_COLL, WAIT_P2P)
+
+
+def modal_seqs(cs: List[CommStep]) -> List[int]:
+    """The instances most members of a communicator recorded in a step. A member whose agent began
+    sampling (every n-th collective) in the middle of the step holds the ones before as well, and
+    is the odd one out, not the reference the others are matched against."""
+    first = cs[0].seqs
+    if all(c.seqs == first for c in cs):
+        return first
+    n = Counter(tuple(c.seqs) for c in cs)
+    best = max(n.values())
+    return next(c.seqs for c in cs if n[tuple(c.seqs)] == best)
 
 
 class CommModes:
@@ -44,7 +56,11 @@ class CommModes:
                 c = rs.comms.get(g.comm) if rs is not None else None
                 if c is not None and c.seqs:
                     rows.append(c)
-            if len(rows) < 2 or any(c.seqs != rows[0].seqs for c in rows):
+            if len(rows) < 2:
+                continue
+            ref = modal_seqs(rows)
+            rows = [c for c in rows if c.seqs == ref]
+            if len(rows) < 2:
                 continue
             ratios: List[float] = []
             n = min(min(len(c.arrive_ns), len(c.host_ns)) for c in rows)

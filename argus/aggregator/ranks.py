@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from operator import sub
 from typing import Deque, Dict, FrozenSet, List, Optional, Set, Tuple
 
-from argus.aggregator.commmode import WAIT_COLL, WAIT_P2P, WAIT_PHASES
+from argus.aggregator.commmode import WAIT_COLL, WAIT_P2P, WAIT_PHASES, modal_seqs
 from argus.aggregator.config import PhaseInfo, Thresholds
 from argus.aggregator.gpuarrival import GpuLate
 from argus.aggregator.robust import Noise, median, median_sorted, teaching
 from argus.aggregator.state import Groups
-from argus.schema import RankStep
+from argus.schema import CommStep, RankStep
 
 HOST_PHASES = ("host_wait", "host_other")
 
@@ -108,20 +108,22 @@ def arrival_lateness(ranks: Dict[int, RankStep], groups: Groups) -> Dict[int, Tu
     for g in groups.collectives():
         rows: List[Tuple[int, List[int]]] = []
         odd: List[Tuple[int, List[int], List[int]]] = []
-        ref: Optional[List[int]] = None
-        ref_n = 0
+        have: List[Tuple[int, CommStep]] = []
         for r in g.members:
             rs = ranks.get(r)
             c = rs.comms.get(g.comm) if rs is not None else None
-            if c is None or not c.seqs:
-                continue
-            if ref is None:
-                ref, ref_n = c.seqs, c.collectives
+            if c is not None and c.seqs:
+                have.append((r, c))
+        if len(have) < 2:
+            continue
+        ref = modal_seqs([c for _, c in have])
+        ref_n = next(c.collectives for _, c in have if c.seqs == ref)
+        for r, c in have:
             if c.seqs == ref:
                 rows.append((r, c.arrive_ns))
             elif c.collectives == ref_n:  # the same step, other instances recorded (or lost)
                 odd.append((r, c.seqs, c.arrive_ns))
-        if len(rows) < 2 or ref is None:
+        if len(rows) < 2:
             continue
         meds: List[int] = []
         members = [r for r, _ in rows]
