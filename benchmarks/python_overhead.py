@@ -8,8 +8,10 @@ while the tool samples it, against the mean of the baseline windows just before 
 (overhead = 1 - on/off), and the tool's own CPU time. Tools: `argus probe` with only the Python
 channel at 49 and 99 Hz, argus with Python + host channels, and `py-spy record` at 49 and 99 Hz
 (default blocking mode, which pauses the process per sample, and --nonblocking).
-Workloads: `python` (CPU-bound, rarely switches) and `switchy` (sleeps 200 µs every ~1 ms:
-thousands of context switches per second, so the sched_switch stack walks are exercised).
+Workloads: `python` (CPU-bound, rarely switches), `switchy` (sleeps 200 µs every ~1 ms:
+thousands of context switches per second, so the sched_switch stack walks are exercised) and `deep`
+(`switchy` 40 frames down, the depth of a training loop's stack when it blocks). `--tools argus`
+runs only the tools whose name holds that text.
 """
 
 from __future__ import annotations
@@ -39,18 +41,20 @@ def fib(n):
 def step():
     fib(15)
     return [str(i) for i in range(200)]
+def down(n):  # a training loop's depth: its stack is 30-60 frames when it blocks
+    return down(n - 1) if n else main()
 def main():
     count, last = 0, time.monotonic()
     while True:
         step()
-        if mode == "switchy":
+        if mode != "python":
             time.sleep(0.0002)
         count += 1
         now = time.monotonic()
         if now - last >= 0.1:
             last = now
             print(f"{now} {count}", flush=True)
-main()
+down(40 if mode == "deep" else 0)
 """
 
 
@@ -215,14 +219,16 @@ def tools(quick: bool) -> List[Tool]:
     return out
 
 
-def measure(mode: str, exe: str, reps: int, window: float, quick: bool) -> Dict[str, Dict[str, List[float]]]:
+def measure(
+    mode: str, exe: str, reps: int, window: float, quick: bool, only: str = ""
+) -> Dict[str, Dict[str, List[float]]]:
     w = Worker(mode, exe)
     res: Dict[str, Dict[str, List[float]]] = {}
     tool: Optional[Tool] = None
     try:
         time.sleep(1.0)
         for _ in range(reps):
-            for tool in tools(quick):
+            for tool in [t for t in tools(quick) if only in t.name]:
                 before = w.rate(window)
                 old = set(bpf_programs())
                 tool.start(w.p.pid)
@@ -263,7 +269,14 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--window", type=float, default=4.0)
     ap.add_argument("--python", default=default_python(), help="interpreter of the worker")
-    ap.add_argument("--workload", choices=["python", "switchy"], help="only this workload (default: both)")
+    ap.add_argument(
+        "--workload",
+        choices=["python", "switchy", "deep"],
+        help="only this workload (default: python, switchy)",
+    )
+    ap.add_argument(
+        "--tools", default="", help="only the tools whose name holds this text, e.g. 'argus python 49'"
+    )
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # still stop the worker and the tool
     if os.geteuid() != 0:
@@ -282,7 +295,7 @@ def main() -> int:
     bpf_stats(True)
     try:
         for mode in modes:
-            res = measure(mode, a.python, reps, window, a.quick)
+            res = measure(mode, a.python, reps, window, a.quick, a.tools)
             for name, r in res.items():
                 runs = ", ".join(f"{x * 100:+.1f}%" for x in r["overhead"])
                 progs = ", ".join(

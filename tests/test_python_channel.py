@@ -22,6 +22,7 @@ from tests.probing import ProbeProc, by_rank_step, probed_run
 
 TARGET = REPO_ROOT / "tests" / "targets" / "py_phases.py"
 PYENV = Path(os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))) / "versions"
+DEEP = 60  # frames of `descend` below the deep targets' loop
 TRUTH_PHASES = {"forward": "forward", "backward": "backward", "optimizer_step": "optimizer"}
 
 
@@ -61,13 +62,17 @@ pytestmark = pytest.mark.bpf
 def test_phase_shares_match_truth_on_every_interpreter(tmp_path: Path) -> None:
     """train_step -> forward/backward/optimizer_step, sleeping known proportions, sampled at 99 Hz
     under the system Python and every pyenv 3.9-3.13: each phase share within 5 points of the
-    child's own measurement."""
+    child's own measurement. Each also runs the loop 60 frames down (a training loop's depth when
+    it blocks: the walk reads the span of a 3.11+ data stack at once, frame by frame before), whose
+    stacks must hold every frame."""
     interps = supported_interpreters()
     procs = {}
     try:
         for label, exe in interps:
-            truth = tmp_path / f"truth-{len(procs)}.json"
-            procs[label] = (start(exe, str(TARGET), str(truth), "60"), truth)
+            for depth in (0, DEEP):
+                truth = tmp_path / f"truth-{len(procs)}.json"
+                name = f"{label} {depth} down" if depth else label
+                procs[name] = (start(exe, str(TARGET), str(truth), "60", str(depth)), truth)
         deadline = time.monotonic() + 30
         while not all(t.exists() for _p, t in procs.values()):
             assert time.monotonic() < deadline, "targets did not start"
@@ -91,6 +96,9 @@ def test_phase_shares_match_truth_on_every_interpreter(tmp_path: Path) -> None:
                 if abs(have - want) > 0.05:
                     bad.append(report[-1])
             assert any("train_step;forward" in s for s in py["stacks"]), (label, py["stacks"])
+            if label.endswith(" down"):  # walked from the leaf through every frame to the root
+                deep = [s for s in py["stacks"] if "train_step;forward" in s]
+                assert all(s.startswith("<module>;") and "descend;main;train_step;" in s for s in deep), (label, deep)
         assert not bad, "\n".join(report)
         print("\n".join(report))
     finally:

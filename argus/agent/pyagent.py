@@ -238,7 +238,7 @@ class PyAgent:
         for tid in tasks:
             ts = states.get(tid, 0)
             if t.known.get(tid) != ts:
-                tbl[ctypes.c_uint32(tid)] = ctypes.c_uint64(ts)
+                tbl[ctypes.c_uint32(tid)] = tbl.Leaf(ts, 0)
                 t.known[tid] = ts
         for tid in [x for x in t.known if x not in tasks]:
             try:

@@ -4,7 +4,9 @@ train_step -> forward (busy, then sleeps), backward (sleeps, then busy), optimiz
 Sleeping releases the GIL and leaves the CPU: phase shares are right only if off-CPU time is
 accounted, not just on-CPU samples. Writes its own measured wall time per phase (the truth) to
 argv[1] as JSON every half second. Standard library only: runs under CPython 2.7-3.13 (the
-unsupported ones only have to start). Optional argv[2]: run this many seconds (default 120).
+unsupported ones only have to start). Optional argv[2]: run this many seconds (default 120);
+argv[3]: run the loop this many `descend` frames down (default 0), as deep as a real training
+loop's stack is when it blocks.
 """
 
 import json
@@ -69,5 +71,9 @@ def main():
             os.rename(tmp, out)
 
 
+def descend(n):
+    return descend(n - 1) if n > 0 else main()
+
+
 if __name__ == "__main__":
-    main()
+    descend(int(sys.argv[3]) if len(sys.argv) > 3 else 0)
