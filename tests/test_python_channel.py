@@ -98,7 +98,8 @@ def test_phase_shares_match_truth_on_every_interpreter(tmp_path: Path) -> None:
             assert any("train_step;forward" in s for s in py["stacks"]), (label, py["stacks"])
             if label.endswith(" down"):  # walked from the leaf through every frame to the root
                 deep = [s for s in py["stacks"] if "train_step;forward" in s]
-                assert all(s.startswith("<module>;") and "descend;main;train_step;" in s for s in deep), (label, deep)
+                whole = [s.startswith("<module>;") and "descend;main;train_step;" in s for s in deep]
+                assert all(whole), (label, deep)
         assert not bad, "\n".join(report)
         print("\n".join(report))
     finally:
