@@ -1,7 +1,7 @@
 """Step-time overhead on the simulated 8-rank job: nothing attached, `argus probe` with each channel
 alone and all together, and a bpftrace one-liner on the same uprobes as a floor — interleaved.
 
-    sudo .venv/bin/python -m benchmarks.sim_overhead [--quick] [--rounds 3] [--steps 40]
+    sudo .venv/bin/python -m benchmarks.sim_overhead [--quick] [--rounds 3] [--steps 40] [--ranks 8]
 
 Settings: the default preset (data parallel, ~490 launches and 24 all-reduces per rank per step)
 and the heavy one (tensor+data parallel, >= 2,000 launches and >= 200 collectives per rank per
@@ -94,9 +94,9 @@ def bpftrace_program() -> Tuple[str, int]:
     return "\n".join(parts), n
 
 
-def run_one(setting: str, cond: str, steps: int, bt: str) -> Dict[str, float]:
+def run_one(setting: str, cond: str, steps: int, bt: str, ranks: int = 8) -> Dict[str, float]:
     preset, layout = SETTINGS[setting]
-    job = SimJob(SimConfig(ranks=8, steps=steps, preset=preset, layout=layout, gate=True)).start()
+    job = SimJob(SimConfig(ranks=ranks, steps=steps, preset=preset, layout=layout, gate=True)).start()
     obs: Optional[Observer] = None
     out: Dict[str, float] = {}
     try:
@@ -169,6 +169,13 @@ def main() -> int:
     ap.add_argument("--conditions", default=",".join(CONDITIONS))
     ap.add_argument("--json-out", help="also write the raw runs here")
     ap.add_argument(
+        "--ranks",
+        type=int,
+        default=8,
+        help="ranks of the job (default 8: four to a CPU here, so every CPU-second the probes cost is "
+        "step time; 2: a CPU each, nearer a GPU host, where a rank's threads have cores of their own)",
+    )
+    ap.add_argument(
         "--baseline-tree",
         help="another checkout of this repository (e.g. `git worktree add /tmp/base HEAD~3`): adds the "
         "condition `all-baseline`, its `argus probe` with the defaults, in the same rounds",
@@ -199,7 +206,7 @@ def main() -> int:
         print("note: no bpftrace binary: the floor row is skipped (apt-get install bpftrace)")
         conds.remove("bpftrace")
     bt, nprobes = bpftrace_program()
-    print(f"# step-time overhead, simulated job, 8 ranks on {os.cpu_count()} CPUs\n")
+    print(f"# step-time overhead, simulated job, {a.ranks} ranks on {os.cpu_count()} CPUs\n")
     print(f"{machine()}\n")
     print(
         f"{rounds} round(s) × {len(conds)} conditions, interleaved (order rotated per round), "
@@ -213,7 +220,7 @@ def main() -> int:
         for r in range(rounds):
             order = conds[r % len(conds) :] + conds[: r % len(conds)]
             for c in order:
-                res[c].append(run_one(setting, c, steps, bt))
+                res[c].append(run_one(setting, c, steps, bt, a.ranks))
                 print(f"  {setting} round {r} {c}: {res[c][-1]}", file=sys.stderr, flush=True)
         raw[setting] = res
         base = med([x["step"] for x in res["off"]]) if "off" in res else float("nan")
