@@ -76,3 +76,16 @@ def test_a_host_whose_ranks_come_back_one_by_one_stays_one_whole_host_alert() ->
     (a,) = eng.alerts()
     assert a.state == "resolved" and a.evidence["whole_host"] is True
     assert "coming back (rank(s) 4 report again; not yet 5–7)" in a.summary, a.summary
+
+
+def test_a_host_whose_ranks_fell_silent_a_few_steps_apart_is_missing_whole() -> None:
+    """A host cut off from Redis: one rank's last summary got through 10 steps (~0.6 s) after the
+    others'. It is missing with them, not counted among the ranks that kept stepping (CI: the
+    first alert said ranks 4, 5, 7 of node-1, and 5 ranks still stepping)."""
+    job = Job(steps=500, seed=3)
+    items = [
+        rs for rs in _cut(job, (4, 5, 7), 100, 300) if not (rs.rank == 6 and 110 <= (rs.step or 0) < 300)
+    ]
+    eng = _run(items)
+    assert [(a.kind, a.ranks, a.hosts) for a in _fired(eng)] == [("missing", [4, 5, 6, 7], ["node-1"])]
+    assert _fired(eng)[0].evidence["reporting_ranks"] == 4

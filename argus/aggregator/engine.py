@@ -443,15 +443,22 @@ class Engine:
         (or whose agent died) would simply vanish from the diagnosis."""
         th = self.th
         silent: Dict[str, List[int]] = {}
+        quiet: Dict[str, List[int]] = {}  # silent for half as long: a host's ranks stop a step apart
         for r, first in d.absent.items():
             last_end = d.aligner.last_end.get(r)
             if last_end is None or step - first + 1 < th.missing_steps:
                 continue
             if t_ns - last_end >= th.missing_s * 1e9:
                 silent.setdefault(d.hosts.get(r, ""), []).append(r)
+            elif t_ns - last_end >= th.missing_s * 0.5e9:
+                quiet.setdefault(d.hosts.get(r, ""), []).append(r)
         out: List[Finding] = []
         if not silent:  # the common case, every judged step: nothing more to look at
             return out
+        # a host cut off together: the rank whose last summary came a step later is missing with the
+        # others, not one still stepping (CI: "ranks [4, 5, 7] ... while 5 other rank(s) kept stepping")
+        for host, rs in silent.items():
+            rs.extend(quiet.get(host, ()))
         newest_beat = max(d.beats.values(), default=0)
         # ranks back from a silence this long just now: a host's ranks come back one by one (its agent
         # sends a rank's backlog at a time), which does not make the host's silence partial
