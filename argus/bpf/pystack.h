@@ -48,9 +48,9 @@ static __always_inline u64 py_first_frame(struct py_cfg *cfg, u64 tstate) {
  * 72-byte bpf_probe_read_user costs about what one 8-byte read does, so this is ~3x cheaper than a
  * read per field. Cheaper still: CPython >= 3.11 keeps a thread's frames contiguous in its data
  * stack, so one read of the span from the lowest frame the last walk found up to the top frame
- * holds most frames (`w`; a 60-frame walk 2.9 -> 0.9 µs, docs/benchmarks.md 8.15); frames outside
- * it (generators' and C-stack shim frames, a deeper stack) are read one by one, as are all of an
- * older Python's (heap frames: a span of them was no faster). The buffers are larger than the
+ * holds most frames (`w`; a 43-frame walk at a switch-out 2.9 -> 0.9 µs, docs/benchmarks.md
+ * 8.15); frames outside it (generators' and C-stack shim frames, a deeper stack) are read one by
+ * one, as are all of an older Python's (heap frames: a span of them was no faster). The buffers are larger than the
  * reads so masked offsets stay inside them. */
 #define PY_WINDOW 16384
 struct py_frame_buf {
