@@ -59,9 +59,14 @@ VARIANTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
     "sim-net": ("sim", {"timers": False, "ranks_per_host": 4}),
     "sim-timing": ("sim", {"timers": False, "nccl_timing": True}),
     "sim-none": ("sim", {"timers": False}),
+    # a launch-bound job: >1024 launches a step and a driver whose launches block past 1024 pending
+    # (as NVIDIA's), so the host keeps pace with its GPU and the allocator's event queries bound
+    # arrivals tightly; one host, timing off: event queries are the only evidence
+    "sim-queries": ("sim", {"timers": False, "preset": "heavy", "overrides": {"launch_queue": 1024}}),
     "standins-async-net": ("standins", {"variant": "async"}),
     "standins-async-timing": ("standins", {"variant": "async", "ranks_per_host": 8, "nccl_timing": True}),
     "standins-async-none": ("standins", {"variant": "async", "ranks_per_host": 8}),
+    "standins-async-queries": ("standins", {"variant": "async", "ranks_per_host": 8, "launch_bound": True}),
 }
 FAULTS = ("straggler", "slow_link", "hang")
 # also: a compute straggler inside pipeline stage 0 (`--faults pp_straggler`): its pipeline peer

@@ -5,7 +5,9 @@ alone and all together, and a bpftrace one-liner on the same uprobes as a floor 
 
 Settings: the default preset (data parallel, ~490 launches and 24 all-reduces per rank per step)
 and the heavy one (tensor+data parallel, >= 2,000 launches and >= 200 collectives per rank per
-step); `--settings tp` runs the tp preset (a TP=8 x PP=2 Megatron-style rank: 10,267 launches and
+step); `--settings launch-bound` the heavy preset's launches data parallel with a launch queue of
+1,024 (the hosts wait in launches for their GPUs; argus keeps its launch probes on); `--settings tp`
+runs the tp preset (a TP=8 x PP=2 Megatron-style rank: 10,267 launches and
 3,240 collectives per rank per step, 1.6 s steps; argus/sim/workload.py). Every run starts a
 fresh 8-rank job that waits at a gate until the observer is attached, so every step of every run
 is observed. In each round every condition runs once, in an order
@@ -65,7 +67,15 @@ CONDITIONS: Dict[str, Optional[List[str]]] = {
     "bpftrace": None,
 }
 BASELINE: List[str] = []  # --baseline-tree: the checkout `all-baseline` runs argus from
-SETTINGS = {"default": ("default", "dp"), "heavy": ("heavy", "tp-dp"), "tp": ("tp", "tp-dp")}
+# setting -> (preset, layout, workload overrides); `launch-bound`: the heavy preset's ~2,100 launches a
+# step data parallel, with a launch queue of 1,024 as NVIDIA's driver has, so the hosts wait in
+# launches for their GPUs and argus keeps its launch probes attached (docs/probe.md)
+SETTINGS: Dict[str, Tuple[str, str, Dict[str, float]]] = {
+    "default": ("default", "dp", {}),
+    "heavy": ("heavy", "tp-dp", {}),
+    "tp": ("tp", "tp-dp", {}),
+    "launch-bound": ("heavy", "dp", {"launch_queue": 1024}),
+}
 
 
 def bpftrace_program() -> Tuple[str, int]:
@@ -95,8 +105,9 @@ def bpftrace_program() -> Tuple[str, int]:
 
 
 def run_one(setting: str, cond: str, steps: int, bt: str, ranks: int = 8) -> Dict[str, float]:
-    preset, layout = SETTINGS[setting]
-    job = SimJob(SimConfig(ranks=ranks, steps=steps, preset=preset, layout=layout, gate=True)).start()
+    preset, layout, sets = SETTINGS[setting]
+    cfg = SimConfig(ranks=ranks, steps=steps, preset=preset, layout=layout, overrides=dict(sets), gate=True)
+    job = SimJob(cfg).start()
     obs: Optional[Observer] = None
     out: Dict[str, float] = {}
     try:

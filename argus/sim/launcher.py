@@ -155,6 +155,8 @@ class SimJob:
         pypath = child_pythonpath()
         # the trainer reads TORCH_NCCL_ENABLE_TIMING from its environment, as PyTorch does
         timing = {"TORCH_NCCL_ENABLE_TIMING": "1"} if self.cfg.nccl_timing else {}
+        if self.w.launch_queue > 0:  # the simulated driver's setting, read at cuInit
+            timing["ARGUS_SIM_LAUNCH_QUEUE"] = str(self.w.launch_queue)
         self.started_ns = time.monotonic_ns()
         atexit.register(self.stop)  # never leave rank processes behind, whatever happens to the caller
         for r in range(self.cfg.ranks):

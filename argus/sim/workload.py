@@ -59,6 +59,9 @@ class Workload:
     grad_accum: int = 1  # micro-batches per step in dp/tp-dp (gradient accumulation)
     seq_parallel: bool = False  # tp-dp: TP all-gather/reduce-scatter pairs instead of all-reduces
     scale: float = 1.0  # multiplies every GPU duration
+    # pending launches a stream holds before a launch blocks (a real driver: ~1024); 0: no limit a
+    # preset reaches, so the host runs a whole step ahead of its GPU
+    launch_queue: int = 0
 
     def fwd_layer(self) -> List[Tuple[str, float]]:
         extra = [(f"elementwise_{i}_fwd", 8.0) for i in range(self.extra_kernels_per_layer)]

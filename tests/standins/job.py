@@ -73,6 +73,9 @@ class StandinConfig:
     # hosts (ceil(ranks/2) ranks each), for "blocking" nothing set (as before)
     ranks_per_host: Optional[int] = None
     nccl_timing: bool = False  # TORCH_NCCL_ENABLE_TIMING=1 (async: start events, elapsed times)
+    # async: a launch-bound job (every layer kernel unfused into many launches, past the 1024 a
+    # stream holds) with a caching allocator's event queries: its host keeps pace with its GPU
+    launch_bound: bool = False
 
 
 @dataclass
@@ -145,6 +148,9 @@ class StandinJob:
         )
         if self.cfg.nccl_timing:
             base["TORCH_NCCL_ENABLE_TIMING"] = "1"
+        if self.cfg.launch_bound:
+            base["STANDIN_LAUNCH_BOUND"] = "1"
+            base["STANDIN_LAUNCH_QUEUE"] = "48"  # pending launches a stream: 2 layers of backward
         script = TRAIN_ASYNC_PY if self.cfg.variant == "async" else TRAIN_PY
         cmd = [sys.executable, str(script), "--layout", self.cfg.layout, "--steps", str(self.cfg.steps)]
         cmd += [a for s in self.cfg.injects for a in ("--inject", s)]

@@ -18,6 +18,11 @@ Layout `dp` only. What the GPU-facing calls look like, per step:
   wait        work.wait() of the last bucket: cuStreamWaitEvent(compute, end, 0)
   optimizer   kernels, then loss.item(): a 4-byte DtoH copy + cuStreamSynchronize(compute)
 
+With STANDIN_LAUNCH_BOUND=1 the job is launch-bound: each layer kernel goes as LAUNCH_SPLIT launches
+(~330 a step, past the 48 a stream holds with STANDIN_LAUNCH_QUEUE=48: launches then wait for
+the GPU) and a caching allocator's events are recorded at each layer's end and queried, oldest
+first, before the next.
+
 No framework timers. A watchdog thread wakes every 100 ms and, per pending work, calls
 ncclCommGetAsyncError, cuEventQuery(start) (with timing) and cuEventQuery(end); once end is done it
 computes cuEventElapsedTime(start, end) (with timing) and retires the work, returning its events to
@@ -46,8 +51,9 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import IO, Any, Dict, List, Optional, Tuple
+from typing import IO, Any, Deque, Dict, List, Optional, Tuple
 
 try:
     from tests.standins import train as base
@@ -58,6 +64,13 @@ CUDA_ERROR_NOT_READY = 600
 CU_EVENT_DEFAULT, CU_EVENT_DISABLE_TIMING = 0x0, 0x2
 CU_STREAM_NON_BLOCKING = 0x1
 WATCHDOG_S = 0.1  # ProcessGroupNCCL's watchdog poll interval
+# STANDIN_LAUNCH_BOUND=1: each layer kernel is launched as this many (unfused elementwise work), so
+# a step launches ~330 kernels, past the 48 a stream of this driver then holds (job.py sets
+# STANDIN_LAUNCH_QUEUE): the host waits in launches for its GPU, as a launch-bound job does, two
+# layers ahead of it (a real one: ~1,024 launches, a few of its 32-80 layers; here a deeper queue
+# would hold the whole 8-layer forward, and more launches a step need more CPU than 8 ranks' stream
+# workers leave a 2-core machine)
+LAUNCH_SPLIT = 4
 
 
 class CollTimes(ctypes.Structure):
@@ -127,6 +140,11 @@ class AsyncRank(base.Rank):
         self.stop_watchdog = threading.Event()
         self.dog: Optional[threading.Thread] = None
         self.last_end: Optional[ctypes.c_void_p] = None  # the end event of the last bucket's work
+        self.launch_bound = os.environ.get("STANDIN_LAUNCH_BOUND", "0") not in ("", "0")
+        # a caching allocator's events: a layer's blocks, freed after use on the compute stream,
+        # come back only once the event recorded at the free has completed (checked oldest first
+        # before the next layer allocates)
+        self.freed: Deque[ctypes.c_void_p] = deque()
 
     def write(self, **fields: Any) -> None:
         with self._wlock:
@@ -164,6 +182,39 @@ class AsyncRank(base.Rank):
         return ev
 
     # -------------------------------------------------------------------- work
+
+    def layer_fwd(self, share: int = 1) -> None:
+        if self.launch_bound:
+            self.layer(base.LAYER_FWD, share)
+        else:
+            super().layer_fwd(share)
+
+    def layer_bwd(self, share: int = 1) -> None:
+        if self.launch_bound:
+            self.layer(base.LAYER_BWD, share)
+        else:
+            super().layer_bwd(share)
+
+    def layer(self, kernels: Tuple[Tuple[str, int], ...], share: int) -> None:
+        """A launch-bound layer: allocate (reclaiming freed blocks whose events completed), launch
+        each kernel in LAUNCH_SPLIT pieces, free the layer's blocks with an event on the stream."""
+        while self.freed:
+            rc = self.cuda.cuEventQuery(self.freed[0])
+            if rc == CUDA_ERROR_NOT_READY:
+                break
+            if rc != 0:
+                raise base.CudaError("cuEventQuery", rc, "?")
+            self.release_event(CU_EVENT_DISABLE_TIMING, self.freed.popleft())
+        for k, blocks in kernels:
+            for _ in range(LAUNCH_SPLIT):
+                self.launch(k, blocks // share // LAUNCH_SPLIT)
+        ev = self.take_event(CU_EVENT_DISABLE_TIMING)
+        self.cu("cuEventRecord", ev, self.stream)
+        self.freed.append(ev)
+
+    def release_event(self, flags: int, ev: ctypes.c_void_p) -> None:
+        with self.works_lock:
+            self.event_cache.setdefault(flags, []).append(ev)
 
     def allreduce(self, comm: base.Comm, buf: int, bucket: int) -> None:
         """ProcessGroupNCCL::allreduce as the GPU-facing calls go; the work's end event becomes

@@ -122,6 +122,10 @@ struct CUctx_st {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; /* context, stream list, events */
 static pthread_cond_t g_ev_cv = PTHREAD_COND_INITIALIZER;
 static int g_initialized;
+/* Launch queue depth (ARGUS_SIM_LAUNCH_QUEUE, read at cuInit): an enqueue waits until the GPU has
+ * completed the op `depth` places back, as a real driver's launch blocks on a full push buffer
+ * (~1024 pending launches a stream). 0: only the ring's QCAP, which no preset fills. */
+static uint64_t g_qdepth;
 static struct CUctx_st *g_ctx;
 static __thread CUcontext t_current;
 
@@ -270,6 +274,20 @@ static struct CUstream_st *resolve_stream(CUstream h) {
 static uint64_t enqueue(struct CUstream_st *s, struct op *o) {
     pthread_mutex_lock(&s->mu);
     while (s->tail - s->head >= QCAP) pthread_cond_wait(&s->cv_done, &s->mu); /* launch queue full */
+    if (g_qdepth && s->tail >= g_qdepth) {
+        /* a full queue in GPU time: op tail-depth must have ended (kernels complete inline with
+         * a future end time, so the ring's head alone does not say the GPU passed them) */
+        uint64_t j = s->tail - g_qdepth;
+        while (s->head <= j) pthread_cond_wait(&s->cv_done, &s->mu);
+        int64_t t = s->ring[j % QCAP].end_ns;
+        if (t > argusSimNow()) {
+            pthread_mutex_unlock(&s->mu);
+            sleep_until(t);
+            pthread_mutex_lock(&s->mu);
+            while (s->tail - s->head >= QCAP) pthread_cond_wait(&s->cv_done, &s->mu);
+            o->enq_ns = max64(o->enq_ns, argusSimNow());
+        }
+    }
     uint64_t idx = s->tail;
     if (o->kind == OP_KERNEL && s->head == s->tail) {
         int64_t end = s->failed ? o->enq_ns : max64(s->gpu_ns, o->enq_ns) + o->dur_ns;
@@ -338,6 +356,9 @@ static int device_count(void) {
 API CUresult cuInit(unsigned int flags) {
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     g_initialized = 1;
+    const char *q = getenv("ARGUS_SIM_LAUNCH_QUEUE");
+    long qd = q ? atol(q) : 0;
+    g_qdepth = qd > 0 && qd < QCAP ? (uint64_t)qd : 0;
     return device_count() ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
 }
 

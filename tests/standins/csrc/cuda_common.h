@@ -95,6 +95,7 @@ static atomic_int g_initialized;
 static __thread struct sd_ctx *tls_ctx;
 static _Atomic double g_device_scale = 1.0;
 static int g_launch_blocking; /* CUDA_LAUNCH_BLOCKING=1 */
+static uint64_t g_queue_depth = QUEUE_DEPTH; /* pending launches a stream holds (<= QUEUE_DEPTH) */
 
 static pthread_mutex_t g_mem_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct alloc *g_allocs;

@@ -53,7 +53,7 @@ static void *stream_worker(void *arg) {
         pthread_mutex_lock(&s->mu);
         s->completed++;
         /* wake host threads only when one can proceed: a drained stream or a freed queue slot */
-        if (s->host_waiters && (s->completed == s->submitted || s->submitted - s->completed == QUEUE_DEPTH - 1))
+        if (s->host_waiters && (s->completed == s->submitted || s->submitted - s->completed == g_queue_depth - 1))
             pthread_cond_broadcast(&s->done);
         stream_ran_locked(s);
     }
@@ -105,7 +105,7 @@ static CUresult stream_of(CUstream h, struct sd_stream **out) {
 
 /* With s->mu held: wait for a free queue slot (as a full push buffer blocks the host). */
 static void stream_reserve_locked(struct sd_stream *s) {
-    while (s->submitted - s->completed >= QUEUE_DEPTH) {
+    while (s->submitted - s->completed >= g_queue_depth) {
         s->host_waiters++;
         pthread_cond_wait(&s->done, &s->mu);
         s->host_waiters--;
@@ -145,6 +145,10 @@ API CUresult cuInit(unsigned int flags) {
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     const char *lb = getenv("CUDA_LAUNCH_BLOCKING");
     g_launch_blocking = lb && lb[0] == '1';
+    /* STANDIN_LAUNCH_QUEUE: a driver that holds fewer pending launches a stream (vendors differ) */
+    const char *qd = getenv("STANDIN_LAUNCH_QUEUE");
+    long q = qd ? atol(qd) : 0;
+    g_queue_depth = q > 1 && q < QUEUE_DEPTH ? (uint64_t)q : QUEUE_DEPTH;
     atomic_store(&g_initialized, 1);
     return CUDA_SUCCESS;
 }
