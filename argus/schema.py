@@ -215,6 +215,9 @@ class RankStep:
     phases: Dict[str, int] = field(default_factory=dict)  # ns
     launches: int = 0
     launches_sampled: bool = True  # False: the launch probes did not cover this step (--launch-steps)
+    # host time in launches that waited for a full launch queue: a wait for the GPU, in `host_wait`
+    # (0 where launches were not sampled or their returns not probed)
+    launch_wait_ns: int = 0
     kernels: Dict[str, int] = field(default_factory=dict)  # kernel name (or fn@0x..) -> launches
     memcpy: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # kind -> (count, bytes)
     errors: Dict[str, Dict[int, int]] = field(default_factory=dict)  # call -> result -> count
@@ -286,11 +289,12 @@ def from_probe(d: Dict[str, Any]) -> RankStep:
     timers = [_timer_from(t) for t in cuda.get("timers", [])]
     sync = cuda.get("sync", {})
     wait = int(sync.get("wait_ns", 0))
+    launches = cuda.get("launches", {})
+    launch_wait = int(launches.get("wait_ns", 0))
     comms, nccl = nccl_from_probe(d.get("nccl", {}), off)
     errors: Dict[str, Dict[int, int]] = {}
     for section in ("cuda", "cudart", "nccl"):
         errors.update(errors_from_probe(d.get(section, {}).get("errors", {})))
-    launches = cuda.get("launches", {})
     sections = {str(k): v for k, v in d.items() if k not in _PROBE_KEYS and isinstance(v, dict)}
     ident = d.get("identity")
     period = d.get("period")
@@ -339,9 +343,10 @@ def from_probe(d: Dict[str, Any]) -> RankStep:
         clock_uncertainty_ns=int(d.get("wall_offset_err_ns", 0)),
         sync_count=int(sync.get("count", 0)),
         sync_wait_ns=wait,
-        phases=step_phases(timers, wait, duration),
+        phases=step_phases(timers, wait + launch_wait, duration),
         launches=int(launches.get("total", 0)),
         launches_sampled=bool(launches.get("sampled", True)),
+        launch_wait_ns=launch_wait,
         kernels={str(k): int(v) for k, v in launches.get("by_kernel", {}).items()},
         memcpy={str(k): (int(v["count"]), int(v["bytes"])) for k, v in cuda.get("memcpy", {}).items()},
         errors=errors,
@@ -371,7 +376,8 @@ def errors_from_probe(errors: Dict[str, Any]) -> Dict[str, Dict[int, int]]:
 
 
 def step_phases(timers: List[Timer], wait_ns: int, duration_ns: int) -> Dict[str, int]:
-    """RankStep.phases: timer<k> in ns, the host's wait on the GPU, the rest of the step."""
+    """RankStep.phases: timer<k> in ns, the host's wait on the GPU (syncs, launches that waited for
+    a full queue), the rest of the step."""
     phases = {f"timer{i}": round(t.ms * 1e6) for i, t in enumerate(timers)}
     phases["host_wait"] = wait_ns
     phases["host_other"] = max(0, duration_ns - wait_ns)
@@ -563,6 +569,8 @@ def to_probe_json(rs: RankStep) -> Dict[str, Any]:
     }
     if cu.sampled_said:
         launches["sampled"] = rs.launches_sampled
+    if rs.launch_wait_ns:
+        launches["wait_ns"] = rs.launch_wait_ns
     d["cuda"] = {
         "launches": launches,
         "sync": {

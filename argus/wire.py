@@ -74,7 +74,8 @@ STEP_FIELDS = {
     "job": "j", "rank": "r", "host": "h", "pid": "p", "step": "s", "start_ns": "t0", "duration_ns": "dt",
     "local_rank": "lr", "world_size": "w", "step_source": "ss", "clock_offset_ns": "co",
     "clock_uncertainty_ns": "cu", "sync_count": "sc", "sync_wait_ns": "sw", "phases": "ph",
-    "phase_stream": "ps", "py_phases": "pp", "launches": "l", "launches_sampled": "lu", "kernels": "k/kx",
+    "phase_stream": "ps", "py_phases": "pp", "launches": "l", "launches_sampled": "lu",
+    "launch_wait_ns": "lw", "kernels": "k/kx",
     "memcpy": "mc", "errors": "e", "comms": "c", "drops": "dr", "version": "v",
     "gpu": "g", "gpu_arrival": "ga",
     "detail": "",  # not on the wire: what only `argus probe --json` prints (argus.schema.ProbeDetail)
@@ -210,6 +211,7 @@ def encode_step(rs: RankStep, inline: Collection[str] = ()) -> bytes:
         ("sc", rs.sync_count, 0),
         ("sw", rs.sync_wait_ns, 0),
         ("l", rs.launches, 0),
+        ("lw", rs.launch_wait_ns, 0),
     ):
         if val != default:
             d[key] = val
@@ -404,7 +406,7 @@ def _dec_comm(d: Any, t0: int, ignored: Optional[Set[str]]) -> CommStep:
 
 _STEP_KEYS = {
     "v", "j", "r", "h", "p", "s", "t0", "dt", "ss", "lr", "w", "co", "cu", "sc", "sw", "ph", "ps", "pp", "l",
-    "lu", "k", "kx", "la", "mc", "e", "c", "dr", "g", "ga",
+    "lu", "lw", "k", "kx", "la", "mc", "e", "c", "dr", "g", "ga",
 }  # fmt: skip
 
 
@@ -450,6 +452,7 @@ def _dec_step(
         sync_wait_ns=as_int(d.get("sw", 0), "sync_wait_ns", NONNEG),
         launches=as_int(d.get("l", 0), "launches", NONNEG),
         launches_sampled=not as_int(d.get("lu", 0), "launches unsampled flag", (0, 1)),
+        launch_wait_ns=as_int(d.get("lw", 0), "launch_wait_ns", NONNEG),
         version=d["v"],
     )
     if "ph" in d:

@@ -222,7 +222,9 @@ class GpuJob:
     net: bool = False  # the proxy's first network send (the group spans hosts)
     net_jitter_ms: float = 0.05  # its latency after the GPU's arrival: uniform in [0, this]
     net_bias_ms: Dict[int, float] = field(default_factory=dict)  # rank -> later by this (a slow proxy)
-    bounds: str = ""  # "" | "tight" (event queries around the arrival) | "loose" (host enqueue .. end event)
+    # "" | "tight" (event queries around the arrival) | "loose" (host enqueue .. end event) | "paced"
+    # (a launch-bound host: queries beside the arrival at the first bucket, the rest bounded by the end)
+    bounds: str = ""
     coll_times: bool = False  # in-collective GPU times (TORCH_NCCL_ENABLE_TIMING=1)
     clock_ms: Dict[str, float] = field(default_factory=dict)  # host -> its clock ahead by this
     clock_err_ms: Dict[str, float] = field(default_factory=dict)  # host -> its agents' clock error bound
@@ -313,7 +315,12 @@ def generate_gpu(j: GpuJob) -> List[dict]:
             if j.net:
                 lat = rng.uniform(0.0, j.net_jitter_ms) + j.net_bias_ms.get(r, 0.0)
                 ev["net_first_ns"] = reach[r][0] + int(lat * MS) + c
-            if j.bounds == "tight":
+            if j.bounds == "paced":
+                tight = reach[r][0] - int(rng.uniform(0.05, 0.4) * MS), reach[r][0] + int(0.3 * MS)
+                rows = [[0, tight[0] + c, tight[1] + c, "qq"]]
+                rows += [[b, tight[0] + c, ends[b] + c, "qe"] for b in range(1, j.buckets)]
+                ev["bounds"] = {comm: rows}
+            elif j.bounds == "tight":
                 ev["bounds"] = {
                     comm: [
                         [

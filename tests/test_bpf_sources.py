@@ -15,7 +15,7 @@ from argus.probes import cpython, host, libcuda, libcudart, libnccl
 from argus.probes.base import call_cflags
 
 CHANNELS = [libcuda.CHANNEL, libcudart.CHANNEL, libnccl.CHANNEL, cpython.CHANNEL, host.CHANNEL]
-ALL_MACROS = [c.macro for c in CHANNELS] + ["ARGUS_RECORD", "ARGUS_LAUNCH_LATENCY"]
+ALL_MACROS = [c.macro for c in CHANNELS] + ["ARGUS_RECORD", "ARGUS_LAUNCH_LATENCY", "ARGUS_LAUNCH_WAIT"]
 
 
 def _compile(text: str, macros: Sequence[str]) -> Any:
@@ -27,7 +27,8 @@ def _compile(text: str, macros: Sequence[str]) -> Any:
 def _compile_unit(channels: Sequence[Any]) -> Any:
     from bcc import BPF
 
-    return BPF(text=bpfprog.source(channels), cflags=bpfprog.cflags(channels, bpfprog.BpfOptions()))
+    opts = bpfprog.BpfOptions(launch_wait=True)  # the probe's defaults
+    return BPF(text=bpfprog.source(channels), cflags=bpfprog.cflags(channels, opts))
 
 
 def _functions(b: Any) -> List[str]:
@@ -47,7 +48,8 @@ def test_every_bpf_file_compiles_on_its_own() -> None:
         out: List[str] = []
         bpfprog._paste(name, out, set())
         text = "\n".join(out) + "\nint argus_alone(void *ctx) { return 0; }\n"
-        macros = [own[name], "ARGUS_RECORD", "ARGUS_LAUNCH_LATENCY"] if name in own else ALL_MACROS
+        extra = ["ARGUS_RECORD", "ARGUS_LAUNCH_LATENCY", "ARGUS_LAUNCH_WAIT"]
+        macros = [own[name], *extra] if name in own else ALL_MACROS
         try:
             b = _compile(text, macros)
         except Exception as e:

@@ -89,6 +89,22 @@ def test_ii_event_query_bounds_alone_name_it() -> None:
     assert "(evidence: event queries, ±0.2 ms)" in a.summary, a.summary
 
 
+def test_ii_a_launch_bound_host_bounds_its_first_collectives_tightly_and_names_it() -> None:
+    """A host that keeps pace with its GPU (a full launch queue) queries beside the first
+    collectives' arrivals; the last ones are bounded only by the step's end. The tight few name the
+    straggler, and the job's evidence counts as separating (each member's tightest row), not as
+    "cannot be told" from the loose majority."""
+    job = GpuJob(bounds="paced", hosts=1, slow=SLOW)
+    eng = run(job)
+    got = fired(eng)
+    assert got and got[0][:2] == ("straggler", [3]) and got[0][2] <= FAULT + 5, got
+    assert named(eng) == [3]
+    assert straggler(eng).evidence["gpu_arrival"]["source"] == "event queries"
+    arr = eng.jobs[job.job].gpuarr
+    assert arr.unseparated(0, job.steps)["separable"] is True  # type: ignore[index]
+    assert arr.summary()["query_bound_ms"] < 0.5
+
+
 def test_ii_loose_bounds_on_two_hosts_name_nobody() -> None:
     """Bounds from the host's enqueue to the collective's end event hold every rank's arrival, the
     straggler's included: they separate nothing, and nobody is named from them."""

@@ -32,6 +32,9 @@ _ENDIF = re.compile(r"\s*#\s*endif\b")
 @dataclass(frozen=True)
 class BpfOptions:
     launch_latency: bool = False  # probe launch returns too (a uretprobe per launch)
+    # time of launches that waited for a full launch queue (their returns probed: the probe keeps
+    # launch probes in windows of steps, so only there; argus/agent/launchwin.py)
+    launch_wait: bool = False
     # 8 MiB: the burst of records between two drains at tensor-parallel rates (8 ranks x 3,240
     # collectives per 1.6 s step, plus Python marks) overflowed 1 MiB while the agent summarized
     # and lost every step boundary; 4 MiB was the smallest that lost none (docs/benchmarks.md)
@@ -53,7 +56,7 @@ class BpfOptions:
     @property
     def launch_returns(self) -> bool:
         """Whether cuLaunchKernel's return is probed (latency histogram, record, launch errors)."""
-        return self.launch_latency or self.record
+        return self.launch_latency or self.record or self.launch_wait
 
 
 def cflags(channels: Sequence[Channel], opts: BpfOptions) -> List[str]:
@@ -65,6 +68,8 @@ def cflags(channels: Sequence[Channel], opts: BpfOptions) -> List[str]:
     flags += [f"-D{c.macro}" for c in channels]
     if opts.launch_latency:
         flags.append("-DARGUS_LAUNCH_LATENCY")
+    if opts.launch_wait:
+        flags.append("-DARGUS_LAUNCH_WAIT")
     names = {c.name for c in channels}
     if "python" in names:
         flags.append(f"-DARGUS_PY_PERIOD_NS={int(1e9 / opts.python_hz)}")

@@ -164,7 +164,8 @@ class DurationType(click.ParamType):
     show_default=True,
     metavar="N/M|all",
     help="Probe kernel launches for N whole steps of every M: their uprobe is most of what probing "
-    "costs. Steps outside say their launches were not sampled. 'all': every step.",
+    "costs. Steps outside say their launches were not sampled; a launch-bound job (launches waiting "
+    "for a full launch queue) keeps the window open. 'all': every step.",
 )
 @click.option(
     "--ringbuf-pages",
@@ -232,8 +233,18 @@ def probe_cmd(
     if not channels and not py_opts.python:
         raise UsageError("--no-cuda, --no-cudart and --no-nccl leave nothing to probe", "drop one of them")
     channels += aux_channels
+    try:
+        window = launchwin.parse(launch_steps)
+    except ValueError as e:
+        raise UsageError(f"--launch-steps {e}", "e.g. --launch-steps 3/30, or all") from None
     opts = bpfprog.BpfOptions(
-        launch_latency=launch_latency, ringbuf_pages=ringbuf_pages, coll_records=coll_records, **bpf_extra
+        launch_latency=launch_latency,
+        # launches that waited for a full queue: their returns probed in the launch windows only
+        # (a launch-bound job keeps the window open: argus/agent/launchwin.py)
+        launch_wait=window is not None,
+        ringbuf_pages=ringbuf_pages,
+        coll_records=coll_records,
+        **bpf_extra,
     )
     if ebpf:
         click.echo(bpfprog.full_text(channels))
@@ -257,10 +268,6 @@ def probe_cmd(
             ) from None
     if rank is not None and len(pids) != 1:
         raise UsageError("--rank applies to exactly one -p PID", "ranks come from each process's RANK")
-    try:
-        window = launchwin.parse(launch_steps)
-    except ValueError as e:
-        raise UsageError(f"--launch-steps {e}", "e.g. --launch-steps 3/30, or all") from None
     if ringbuf_pages < 1 or ringbuf_pages & (ringbuf_pages - 1):
         raise UsageError("--ringbuf-pages must be a power of two", "e.g. 256 (1 MiB) or 1024")
     if coll_records < 0:

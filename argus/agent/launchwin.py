@@ -7,6 +7,12 @@ attached for `on` whole steps of every rank, then detached for as long again tim
 exact when the whole step lies inside a window; the other steps say their launches were not
 sampled. Windows are sized in steps (the typical step time of the latest steps), not seconds, so a
 job with 10 s steps still gets whole steps.
+
+A launch-bound job keeps the window open: where a rank's launches waited for a full launch queue
+for `BOUND_SHARE` of its step (their returns are probed in the windows: BpfOptions.launch_wait),
+its host's time follows its GPU, and that wait must be counted at every step, or its host time
+would read as its own (a CPU-bound host) whenever the window is shut. Its probes cost it nothing:
+they run while the host would wait for a queue slot anyway.
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ from argus.schema import RankStep, probe_span
 
 ATTACH, DETACH = "attach", "detach"
 MAX_OPEN_NS = 60_000_000_000  # a window open this long closes, steps or not
+BOUND_SHARE = 0.1  # a step whose launches waited this share of it for a full queue: launch-bound
+# held open while a launch-bound step ended this recently (steps are reported a drain or two, of 1 s
+# by default, after they end), or (on + 2) steps of the typical length if longer
+HOLD_NS = 3_000_000_000
 
 
 def parse(text: str) -> Optional[Tuple[int, int]]:
@@ -46,6 +56,8 @@ class LaunchWindows:
     windows: List[Tuple[int, int]] = field(default_factory=list)  # closed windows (attached, detached)
     recent: List[int] = field(default_factory=list)  # durations of the latest steps (ns)
     typical_ns: int = 0  # their median; 0 until a step was seen
+    bound_end_ns: int = 0  # the end of the latest launch-bound step reported (monotonic ns)
+    held: bool = False  # the open window was held open for a launch-bound job
 
     def is_open(self) -> bool:
         return self.opened_ns is not None
@@ -69,6 +81,10 @@ class LaunchWindows:
         if self.opened_ns is None:
             return ATTACH if now_ns >= self.next_open_ns else None
         open_ns = now_ns - self.opened_ns
+        hold = max(HOLD_NS, (self.on + 2) * self.typical_ns)
+        if self.bound_end_ns and now_ns - self.bound_end_ns < hold:
+            self.held = True
+            return None  # launch-bound: stay open while its steps keep saying so
         if open_ns >= self.max_open_ns:
             return DETACH
         if not self.typical_ns:
@@ -86,15 +102,22 @@ class LaunchWindows:
         assert self.opened_ns is not None
         self.windows.append((self.opened_ns, now_ns))
         del self.windows[:-64]  # steps are judged within seconds of their end
-        self.next_open_ns = now_ns + (now_ns - self.opened_ns) * (self.period - self.on) // self.on
+        span = now_ns - self.opened_ns  # a window held open for a launch-bound job counts as one
+        if self.held and self.typical_ns:
+            span = min(span, (self.on + 1) * self.typical_ns)
+        self.held = False
+        self.next_open_ns = now_ns + span * (self.period - self.on) // self.on
         self.opened_ns = None
 
     def label(self, steps: Iterable[RankStep]) -> None:
         """Say in each step summary whether its launches were counted whole (`sampled`); a step the
         probes did not cover whole loses its launch data, which would be short."""
         for rs in steps:
-            if self.sampled(*probe_span(rs)):
+            span = probe_span(rs)
+            if self.sampled(*span):
                 rs.launches_sampled = True
+                if rs.duration_ns and rs.launch_wait_ns >= BOUND_SHARE * rs.duration_ns:
+                    self.bound_end_ns = max(self.bound_end_ns, span[1])
                 if rs.detail is not None:
                     rs.detail.cuda.sampled_said = True
             else:
@@ -104,6 +127,12 @@ class LaunchWindows:
 def mark_unsampled(rs: RankStep) -> None:
     """Launch data of a step the launch probes did not cover whole: dropped, and said so."""
     rs.launches, rs.kernels, rs.launches_sampled = 0, {}, False
+    if rs.launch_wait_ns:  # part of the step's launch waits: none, as in the steps outside windows
+        w = min(rs.launch_wait_ns, rs.phases.get("host_wait", 0))
+        if "host_wait" in rs.phases:
+            rs.phases["host_wait"] -= w
+            rs.phases["host_other"] = rs.phases.get("host_other", 0) + w
+        rs.launch_wait_ns = 0
     if rs.detail is None:
         return
     rs.detail.cuda.launch_hist = {}

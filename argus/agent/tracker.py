@@ -188,6 +188,7 @@ class _Cuda(NamedTuple):
     memcpy: Dict[str, Tuple[int, int]]
     errors: Dict[str, Dict[int, int]]
     detail: CudaDetail
+    launch_wait_ns: int  # launches that waited for a full launch queue
 
 
 class RankTracker:
@@ -588,6 +589,9 @@ class RankTracker:
         sections = self._sections(epochs, data)
         duration = max(0, end_ns - start_ns)
         wait = sum(w for _c, w in cuda.detail.sync_by_call.values())
+        # a launch that waited for a slot in a full launch queue waited for the GPU, as a sync does:
+        # a launch-bound host's time follows its GPU, and is not its own (argus.aggregator.ranks)
+        host_wait = wait + cuda.launch_wait_ns
         ident = self.id
         return RankStep(
             job=ident.job,
@@ -604,8 +608,9 @@ class RankTracker:
             clock_uncertainty_ns=wall_offset_err_ns,
             sync_count=sum(c for c, _w in cuda.detail.sync_by_call.values()),
             sync_wait_ns=wait,
-            phases=step_phases(cuda.detail.timers, wait, duration),
+            phases=step_phases(cuda.detail.timers, host_wait, duration),
             launches=sum(cuda.kernels.values()),
+            launch_wait_ns=cuda.launch_wait_ns,
             kernels=cuda.kernels,
             memcpy=cuda.memcpy,
             # one errors map, by channel as --json prints them (argus.schema.error_channel)
@@ -804,6 +809,7 @@ class RankTracker:
                 timers=timers,
                 event_records=event_records,
             ),
+            launch_wait_ns=mem.get("launch_wait", [0, 0])[1],
         )
 
     def _cudart(self, data: List[EpochData]) -> Tuple[Dict[str, int], Dict[str, Dict[int, int]]]:

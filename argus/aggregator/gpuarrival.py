@@ -82,7 +82,7 @@ class StepEvidence:
     net_ranks: int = 0
     net_bound_ns: Optional[float] = None  # slack + the worst clock uncertainty between compared hosts
     bounds: int = 0  # event-query bound rows
-    bound_width_ns: Optional[float] = None  # median width of the rows known at both ends
+    bound_width_ns: Optional[float] = None  # median over members of its tightest row (both ends known)
     floor_ns: float = 0.0  # the lateness that names a rank in this step
     last: Dict[int, GpuLate] = field(default_factory=dict)
     conflicts: int = 0  # groups where two ranks were surely last
@@ -310,7 +310,9 @@ class GpuArrivals:
                 continue  # another number of collectives than its peers: which is which is a guess
             rows[r] = {i: (lo, hi) for i, lo, hi, _src in ga.bounds[c]}
             rec.bounds += len(ga.bounds[c])
-            widths.extend(float(hi - lo) for _i, lo, hi, _s in ga.bounds[c] if hi and lo and hi >= lo)
+            own = sorted(float(hi - lo) for _i, lo, hi, _s in ga.bounds[c] if hi and lo and hi >= lo)
+            if own:  # a member's tightest: where its host kept pace with its GPU, queries bound
+                widths.append(own[0])  # arrivals tightly; the rest may be bounded by its end sync only
         if len(rows) < len(members):
             return  # a member's arrivals are not bounded: it may be the last
         sure: Dict[int, List[Tuple[float, float]]] = {}  # rank -> (lateness, bound) per instance

@@ -1,7 +1,8 @@
 /* CUDA driver channel (libcuda.so.1).
  *
  * Kernel launches: a per-(tgid, epoch, CUfunction) counter at entry, and with
- * ARGUS_LAUNCH_LATENCY a log2 histogram of the launch call's host time at return.
+ * ARGUS_LAUNCH_LATENCY a log2 histogram of the launch call's host time at return; with
+ * ARGUS_LAUNCH_WAIT the time of launches that waited for a slot in a full launch queue.
  * Host-blocking syncs (stream, event, context, synchronous copies and memsets): a record per
  * call with enter/exit, and the epoch of the process advances at return.
  * cuEventElapsedTime (the milliseconds the caller got, and the two recordings it measured between)
@@ -16,6 +17,7 @@
 #include "pyhooks.h"
 
 #define CU_SUCCESS 0
+#define LAUNCH_WAIT_MIN_NS 32768 /* a launch this long waited (normal ones: 2-10 us) */
 
 /* This channel's aggregates, drained by user space only when the channel is on. */
 BPF_HASH(launches, struct launch_key, u64, ARGUS_AGG_ENTRIES);
@@ -66,7 +68,7 @@ static __always_inline int launch_enter_common(u32 call, u64 func, u64 stream) {
     u64 zero = 0;
     agg_add(launches.lookup_or_try_init(&k, &zero), 1);
     py_native_hit(call, func, PY_HIT_LAUNCH);
-#if defined(ARGUS_LAUNCH_LATENCY) || defined(ARGUS_RECORD)
+#if defined(ARGUS_LAUNCH_LATENCY) || defined(ARGUS_LAUNCH_WAIT) || defined(ARGUS_RECORD)
     u32 tid = cur_tid();
     u64 now = bpf_ktime_get_ns();
     launch_enter.update(&tid, &now);
@@ -83,10 +85,20 @@ static __always_inline int launch_return_common(struct pt_regs *ctx, u32 call) {
     if (!target(&tgid)) return 0;
     s64 rc = (s32)PT_REGS_RC(ctx);
     count_error(tgid, call, rc);
-#ifdef ARGUS_LAUNCH_LATENCY
+#if defined(ARGUS_LAUNCH_LATENCY) || defined(ARGUS_LAUNCH_WAIT)
     u32 tid = cur_tid();
     u64 *t0 = launch_enter.lookup(&tid);
-    if (t0) hist_add(tgid, HIST_LAUNCH_NS, cur_epoch(tgid), bpf_ktime_get_ns() - *t0);
+    if (t0) {
+        u64 dt = bpf_ktime_get_ns() - *t0;
+#ifdef ARGUS_LAUNCH_LATENCY
+        hist_add(tgid, HIST_LAUNCH_NS, cur_epoch(tgid), dt);
+#endif
+#ifdef ARGUS_LAUNCH_WAIT
+        /* a launch returns in microseconds unless its stream's launch queue was full: then it
+         * waited for the GPU to free a slot, a wait for the GPU like a sync's */
+        if (dt >= LAUNCH_WAIT_MIN_NS) mem_add(tgid, MEM_LAUNCH_WAIT, dt);
+#endif
+    }
 #endif
 #ifdef ARGUS_RECORD
     u32 rtid = cur_tid();

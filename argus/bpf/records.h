@@ -21,6 +21,7 @@
 #define MEM_ALLOC 4
 #define MEM_FREE 5
 #define MEM_FREE_UNKNOWN 6
+#define MEM_LAUNCH_WAIT 7 /* not memory: launches that waited for a full launch queue (ns) */
 
 /* drop counter slots */
 #define DROP_RINGBUF 0

@@ -108,7 +108,7 @@ CHANNEL = Channel(
 register_channel(CHANNEL)
 
 SYNC_CALLS = tuple(s.symbol for s in SPECS if s.cls == SYNC and not s.handler)
-MEM_KINDS = ("HtoD", "DtoH", "DtoD", "memset", "alloc", "free", "free_unknown")
+MEM_KINDS = ("HtoD", "DtoH", "DtoD", "memset", "alloc", "free", "free_unknown", "launch_wait")
 
 
 def detect(pid: int) -> Optional[MappedLibrary]:
