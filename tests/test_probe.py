@@ -84,6 +84,29 @@ def test_probe_matches_what_the_trainer_issued(tmp_path: Path) -> None:
         assert all(s["step_source"] == "nccl-seq" for s in got[rank].values())
 
 
+def test_a_launch_bound_job_has_its_launch_waits_counted_and_keeps_the_window_open(tmp_path: Path) -> None:
+    """Past 1,024 pending launches a stream the simulated driver blocks a launch until the GPU frees a
+    slot (as NVIDIA's does): the heavy preset's ~2,100 launches a step make the host wait in them.
+    That wait is counted as a wait for the GPU (`launches.wait_ns`, in `host_wait`), and the launch
+    window, 2 steps of 20, stays open while the steps say so."""
+    cfg = SimConfig(
+        ranks=2, steps=45, preset="heavy", overrides={"launch_queue": 1024}, run_dir=str(tmp_path)
+    )
+    _job, probe = probed_run(cfg, "--launch-steps", "2/20")
+    got = by_rank_step(probe.steps())
+    for rank in (0, 1):
+        steps = [got[rank][s] for s in sorted(got[rank]) if s >= 3]
+        assert len(steps) >= 30, sorted(got[rank])
+        sampled = [p for p in steps if p["cuda"]["launches"]["sampled"]]
+        assert len(sampled) >= len(steps) - 2, [p["step"] for p in steps if p not in sampled]
+        for p in sampled:
+            wait = p["cuda"]["launches"].get("wait_ns", 0)
+            assert wait >= 0.1 * p["duration_ns"], (p["step"], wait, p["duration_ns"])
+            rs = from_probe(p)
+            sync = p["cuda"]["sync"]["wait_ns"]
+            assert rs.launch_wait_ns == wait and rs.phases["host_wait"] == sync + wait
+
+
 def truth_job(job: SimJob) -> str:
     return f"sim-{job.run_id}"
 
