@@ -52,6 +52,15 @@ PARAMS: Dict[str, Dict[str, Any]] = {
     "sim": {"straggler": 1.35, "link": 100, "pp_straggler": 1.5, "attach": 20, "onset": 150},
     "standins": {"straggler": 1.35, "link": 20, "pp_straggler": 1.5, "attach": 10, "onset": 90},
 }
+# a variant's own: 8 launch-bound stand-in ranks keep this machine's 2 CPUs busy, and the agent once
+# took until step 93 to be ready
+VARIANT_PARAMS: Dict[str, Dict[str, Any]] = {"standins-async-queries": {"onset": 150}}
+
+
+def params(family: str) -> Dict[str, Any]:
+    return {**PARAMS[base(family)[0]], **VARIANT_PARAMS.get(family, {})}
+
+
 # timers off (issue "Which GPU arrived last"): family variants that record no timers, each leaving
 # one kind of GPU-arrival evidence (docs/diagnosis.md); the table's `evidence` column says what the
 # alert used. name -> (family, its config's extra fields)
@@ -101,7 +110,7 @@ def base(family: str) -> Tuple[str, Dict[str, Any]]:
 
 def spec(family: str, fault: str, when: str) -> Tuple[str, List[str], int, List[int]]:
     """(layout, injects, steps, faulty ranks)."""
-    p = PARAMS[base(family)[0]]
+    p = params(family)
     onset = 0 if when == "before" else p["onset"]
     if fault == "straggler":
         return "dp", [f"straggler:rank=5,factor={p['straggler']},from_step={onset}"], p["onset"] + 90, [5]
@@ -127,7 +136,7 @@ def run_one(
 
     run = Run(family, fault, when)
     fam, extra = base(family)
-    p = PARAMS[fam]
+    p = params(family)
     if when == "clean":
         layout, injects, steps, truth = "dp", [], p["attach"] + clean_steps + 40, []
     else:
