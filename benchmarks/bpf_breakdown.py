@@ -215,6 +215,7 @@ def measure(
     times = job.job_step_seconds()
     step_s = sorted(times[3:])[len(times[3:]) // 2] if len(times) > 3 else 0.2
     rank_steps, launches, colls = window_truth(job, t0, t1)
+    shutil.rmtree(job.run_dir, ignore_errors=True)  # the job's records are read: its run directory goes
     if rank_steps <= 0:  # no step record reached the window (steps longer than it): by time
         rank_steps = ranks * (t1 - t0) / 1e9 / step_s
     rows = []

@@ -167,6 +167,7 @@ def run_one(setting: str, cond: str, steps: int, bt: str, ranks: int = 8) -> Dic
         return out
     finally:
         job.stop()
+        shutil.rmtree(job.run_dir, ignore_errors=True)  # read already: a run leaves nothing behind
         if obs is not None:
             obs.stop()
 
