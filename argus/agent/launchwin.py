@@ -128,10 +128,9 @@ def mark_unsampled(rs: RankStep) -> None:
     """Launch data of a step the launch probes did not cover whole: dropped, and said so."""
     rs.launches, rs.kernels, rs.launches_sampled = 0, {}, False
     if rs.launch_wait_ns:  # part of the step's launch waits: none, as in the steps outside windows
-        w = min(rs.launch_wait_ns, rs.phases.get("host_wait", 0))
         if "host_wait" in rs.phases:
-            rs.phases["host_wait"] -= w
-            rs.phases["host_other"] = rs.phases.get("host_other", 0) + w
+            rs.phases["host_wait"] = max(0, rs.phases["host_wait"] - rs.launch_wait_ns)
+            rs.phases["host_other"] = max(0, rs.duration_ns - rs.phases["host_wait"])
         rs.launch_wait_ns = 0
     if rs.detail is None:
         return

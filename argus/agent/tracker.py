@@ -590,8 +590,10 @@ class RankTracker:
         duration = max(0, end_ns - start_ns)
         wait = sum(w for _c, w in cuda.detail.sync_by_call.values())
         # a launch that waited for a slot in a full launch queue waited for the GPU, as a sync does:
-        # a launch-bound host's time follows its GPU, and is not its own (argus.aggregator.ranks)
-        host_wait = wait + cuda.launch_wait_ns
+        # a launch-bound host's time follows its GPU, and is not its own (argus.aggregator.ranks);
+        # within the step's time outside its syncs (a wait that began before the step's start)
+        launch_wait = min(cuda.launch_wait_ns, max(0, duration - wait))
+        host_wait = wait + launch_wait
         ident = self.id
         return RankStep(
             job=ident.job,
@@ -610,7 +612,7 @@ class RankTracker:
             sync_wait_ns=wait,
             phases=step_phases(cuda.detail.timers, host_wait, duration),
             launches=sum(cuda.kernels.values()),
-            launch_wait_ns=cuda.launch_wait_ns,
+            launch_wait_ns=launch_wait,
             kernels=cuda.kernels,
             memcpy=cuda.memcpy,
             # one errors map, by channel as --json prints them (argus.schema.error_channel)

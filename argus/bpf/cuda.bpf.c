@@ -85,26 +85,30 @@ static __always_inline int launch_return_common(struct pt_regs *ctx, u32 call) {
     if (!target(&tgid)) return 0;
     s64 rc = (s32)PT_REGS_RC(ctx);
     count_error(tgid, call, rc);
-#if defined(ARGUS_LAUNCH_LATENCY) || defined(ARGUS_LAUNCH_WAIT)
+#if defined(ARGUS_LAUNCH_LATENCY) || defined(ARGUS_LAUNCH_WAIT) || defined(ARGUS_RECORD)
     u32 tid = cur_tid();
     u64 *t0 = launch_enter.lookup(&tid);
-    if (t0) {
-        u64 dt = bpf_ktime_get_ns() - *t0;
+    /* the entry is consumed here: while a window's probes are being removed (one at a time, an
+     * RCU grace period each) a return can fire for a call whose entry probe was already gone, and
+     * must not be timed from the thread's previous launch */
+    u64 enter = t0 ? *t0 : 0;
+    if (!enter) return 0;
+    *t0 = 0;
+#endif
+#if defined(ARGUS_LAUNCH_LATENCY) || defined(ARGUS_LAUNCH_WAIT)
+    u64 dt = bpf_ktime_get_ns() - enter;
 #ifdef ARGUS_LAUNCH_LATENCY
-        hist_add(tgid, HIST_LAUNCH_NS, cur_epoch(tgid), dt);
+    hist_add(tgid, HIST_LAUNCH_NS, cur_epoch(tgid), dt);
 #endif
 #ifdef ARGUS_LAUNCH_WAIT
-        /* a launch returns in microseconds unless its stream's launch queue was full: then it
-         * waited for the GPU to free a slot, a wait for the GPU like a sync's */
-        if (dt >= LAUNCH_WAIT_MIN_NS) mem_add(tgid, MEM_LAUNCH_WAIT, dt);
+    /* a launch returns in microseconds unless its stream's launch queue was full: then it
+     * waited for the GPU to free a slot, a wait for the GPU like a sync's */
+    if (dt >= LAUNCH_WAIT_MIN_NS) mem_add(tgid, MEM_LAUNCH_WAIT, dt);
 #endif
-    }
 #endif
 #ifdef ARGUS_RECORD
-    u32 rtid = cur_tid();
-    u64 *rt0 = launch_enter.lookup(&rtid);
-    struct launch_rec *lr = launch_recs.lookup(&rtid);
-    if (rt0 && lr) record_call(call, *rt0, lr->func, lr->stream);
+    struct launch_rec *lr = launch_recs.lookup(&tid);
+    if (lr) record_call(call, enter, lr->func, lr->stream);
 #endif
     return 0;
 }
