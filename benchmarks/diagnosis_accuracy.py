@@ -72,6 +72,12 @@ VARIANTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
     # (as NVIDIA's), so the host keeps pace with its GPU and the allocator's event queries bound
     # arrivals tightly; one host, timing off: event queries are the only evidence
     "sim-queries": ("sim", {"timers": False, "preset": "heavy", "overrides": {"launch_queue": 1024}}),
+    # the same over 2 hosts of 4 ranks: network sends and event queries both (replay its `--keep`
+    # file without the sends to judge the queries alone over two hosts)
+    "sim-queries-net": (
+        "sim",
+        {"timers": False, "preset": "heavy", "overrides": {"launch_queue": 1024}, "ranks_per_host": 4},
+    ),
     "standins-async-net": ("standins", {"variant": "async"}),
     "standins-async-timing": ("standins", {"variant": "async", "ranks_per_host": 8, "nccl_timing": True}),
     "standins-async-none": ("standins", {"variant": "async", "ranks_per_host": 8}),
