@@ -2,7 +2,8 @@
  *
  * Kernel launches: a per-(tgid, epoch, CUfunction) counter at entry, and with
  * ARGUS_LAUNCH_LATENCY a log2 histogram of the launch call's host time at return; with
- * ARGUS_LAUNCH_WAIT the time of launches that waited for a slot in a full launch queue.
+ * ARGUS_LAUNCH_WAIT the time of launches (and of event recordings and stream waits, which take a
+ * slot of the same queue) that waited for a slot in a full launch queue.
  * Host-blocking syncs (stream, event, context, synchronous copies and memsets): a record per
  * call with enter/exit, and the epoch of the process advances at return.
  * cuEventElapsedTime (the milliseconds the caller got, and the two recordings it measured between)
@@ -53,6 +54,9 @@ static __always_inline int mem_add(u32 tgid, u32 kind, u64 bytes) {
 /* ---- kernel launches ---------------------------------------------------------------------- */
 
 BPF_HASH(launch_enter, u32, u64, 16384); /* tid -> entry time */
+#ifdef ARGUS_LAUNCH_WAIT
+BPF_HASH(enqueue_enter, u32, u64, 16384); /* tid -> entry time of an event recording or stream wait */
+#endif
 #ifdef ARGUS_RECORD
 struct launch_rec {
     u64 func;
@@ -237,6 +241,32 @@ static __always_inline int copy_enter(u32 call, u32 kind, u64 bytes, u64 stream)
 
 #define RESULT_PROBE(name) \
     int name##_return(struct pt_regs *ctx) { return result_only(ctx, CALL_##name); }
+
+/* An event recording or a stream wait takes a slot of the stream's launch queue as a launch does:
+ * with the queue full it blocks as long (measured on the simulator's launch-bound job: 40% of the
+ * time its host blocked was in these). Their probes are always on; timing them costs a map update. */
+static __always_inline void enqueue_enter_mark(void) {
+#ifdef ARGUS_LAUNCH_WAIT
+    u32 tid = cur_tid();
+    u64 now = bpf_ktime_get_ns();
+    enqueue_enter.update(&tid, &now);
+#endif
+}
+
+static __always_inline int enqueue_return(struct pt_regs *ctx, u32 call) {
+#ifdef ARGUS_LAUNCH_WAIT
+    u32 tid = cur_tid();
+    u64 *t0 = enqueue_enter.lookup(&tid);
+    u64 enter = t0 ? *t0 : 0;
+    if (enter) {
+        *t0 = 0;
+        u64 dt = bpf_ktime_get_ns() - enter;
+        u32 tgid;
+        if (dt >= LAUNCH_WAIT_MIN_NS && target(&tgid)) mem_add(tgid, MEM_LAUNCH_WAIT, dt);
+    }
+#endif
+    return result_only(ctx, call);
+}
 #define COPY_PROBE(name, kind, bytes)                                                                  \
     int name##_entry(struct pt_regs *ctx) { return copy_enter(CALL_##name, kind, bytes, PT_REGS_PARM4(ctx)); } \
     RESULT_PROBE(name)
@@ -307,6 +337,7 @@ RESULT_PROBE(cuMemFree_v2)
 int cuEventRecord_entry(struct pt_regs *ctx) {
     u32 tgid;
     if (!target(&tgid)) return 0;
+    enqueue_enter_mark();
     u64 epoch = cur_epoch(tgid), pos = next_op(tgid);
     mark_record(tgid, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), pos, epoch);
     count_call(tgid, CALL_cuEventRecord, epoch);
@@ -322,7 +353,7 @@ int cuEventRecord_entry(struct pt_regs *ctx) {
     py_native_hit(CALL_cuEventRecord, PT_REGS_PARM1(ctx), PY_HIT_EVENT); /* no walk: see PY_HIT_EVENT */
     return 0;
 }
-RESULT_PROBE(cuEventRecord)
+int cuEventRecord_return(struct pt_regs *ctx) { return enqueue_return(ctx, CALL_cuEventRecord); }
 
 /* ---- what the GPU passed, from calls the framework makes anyway --------------------------------
  * cuStreamWaitEvent(stream, event) ties a stream's next work to an event of another stream (what
@@ -333,6 +364,7 @@ RESULT_PROBE(cuEventRecord)
 int cuStreamWaitEvent_entry(struct pt_regs *ctx) {
     u32 tgid;
     if (!target(&tgid)) return 0;
+    enqueue_enter_mark();
     struct rec_stream_wait w = {.stream = PT_REGS_PARM1(ctx), .event = PT_REGS_PARM2(ctx), .pos = next_op(tgid)};
     fill_hdr(&w.h, REC_STREAM_WAIT, CALL_cuStreamWaitEvent, cur_epoch(tgid));
     struct ev_key k = {.tgid = tgid, .event = w.event};
@@ -349,7 +381,7 @@ int cuStreamWaitEvent_entry(struct pt_regs *ctx) {
     record_submit(r);
     return 0;
 }
-RESULT_PROBE(cuStreamWaitEvent)
+int cuStreamWaitEvent_return(struct pt_regs *ctx) { return enqueue_return(ctx, CALL_cuStreamWaitEvent); }
 
 #define CUDA_ERROR_NOT_READY 600
 
