@@ -224,7 +224,9 @@ class GpuJob:
     net_bias_ms: Dict[int, float] = field(default_factory=dict)  # rank -> later by this (a slow proxy)
     # "" | "tight" (event queries around the arrival) | "loose" (host enqueue .. end event) | "paced"
     # (a launch-bound host: queries beside the arrival at the first bucket, the rest bounded by the end)
+    # | "coarse" (queries every `query_ms` at their own phase: bounds as wide as a lateness)
     bounds: str = ""
+    query_ms: float = 30.0
     coll_times: bool = False  # in-collective GPU times (TORCH_NCCL_ENABLE_TIMING=1)
     clock_ms: Dict[str, float] = field(default_factory=dict)  # host -> its clock ahead by this
     clock_err_ms: Dict[str, float] = field(default_factory=dict)  # host -> its agents' clock error bound
@@ -235,6 +237,15 @@ class GpuJob:
     # (rank, step) -> its host launched the step's work this much later (ms): CPU contention, which
     # delays its GPU as much and shows in the host's own time
     host_late: Dict[Tuple[int, int], float] = field(default_factory=dict)
+    # every rank's GPU starts each step's work up to this much later (uniform, ms), its host's time
+    # unchanged: a GPU-side delay, now one rank, now another (the simulator's GPU is a CPU thread:
+    # 8 launch-bound ranks and the agent on 2 CPUs delay it by tens of ms)
+    gpu_jitter_ms: float = 0.0
+    # rank -> its host's own time is this much longer every step, its work launched in time (a
+    # launch-bound host on a busy machine); and every rank's launches wait this long a step for a
+    # full launch queue (`launches.wait_ns`)
+    host_busy_ms: Dict[int, float] = field(default_factory=dict)
+    launch_wait_ms: float = 0.0
 
 
 def generate_gpu(j: GpuJob) -> List[dict]:
@@ -249,16 +260,22 @@ def generate_gpu(j: GpuJob) -> List[dict]:
         start = {r: t + int(rng.uniform(0, 0.3) * MS) for r in range(j.ranks)}
         held = {r: int(j.host_late.get((r, s), 0.0) * MS) for r in range(j.ranks)}
         gpu0 = {r: start[r] + held[r] + int((j.data_ms + rng.uniform(0.5, 1.5)) * MS) for r in range(j.ranks)}
+        if j.gpu_jitter_ms:
+            gpu0 = {r: t0 + int(rng.uniform(0.0, j.gpu_jitter_ms) * MS) for r, t0 in gpu0.items()}
         k = {r: (j.slow[1] if j.slow and r == j.slow[0] and s >= j.slow[2] else 1.0) for r in range(j.ranks)}
         fwd = {r: j.fwd_ms * k[r] + rng.uniform(0.0, 0.2) for r in range(j.ranks)}
         bwd = {r: j.bwd_ms * k[r] + rng.uniform(0.0, 0.2) for r in range(j.ranks)}
         reach: Dict[int, List[int]] = {r: [] for r in range(j.ranks)}  # GPU reached bucket b's all-reduce
+        # ... and its compute stream produced bucket b (where PyTorch records the event the NCCL
+        # stream waits for: what event-query bounds bound, however long the previous all-reduce ran)
+        ready_at: Dict[int, List[int]] = {r: [] for r in range(j.ranks)}
         ends: List[int] = []
         end_prev = 0
         for b in range(j.buckets):
             for r in range(j.ranks):
                 ready = gpu0[r] + int((fwd[r] + (b + 1) * bwd[r] / j.buckets) * MS)
                 reach[r].append(max(ready, end_prev))
+                ready_at[r].append(ready)
             begin = max(reach[r][b] for r in range(j.ranks))
             end_prev = begin + int((j.coll_ms + rng.uniform(0.0, 0.1)) * MS)
             ends.append(end_prev)
@@ -284,7 +301,8 @@ def generate_gpu(j: GpuJob) -> List[dict]:
                     {"ms": j.opt_ms, "stream": COMPUTE},
                     {"ms": ct / MS, "stream": COMM_STREAM},
                 ]
-            busy = int((j.data_ms + 3.0) * MS) + held[r]
+            busy = int((j.data_ms + 3.0 + j.host_busy_ms.get(r, 0.0)) * MS) + held[r]
+            lw = int(j.launch_wait_ms * MS)
             d: Dict[str, Any] = {
                 "schema": 1,
                 "job": j.job,
@@ -299,8 +317,8 @@ def generate_gpu(j: GpuJob) -> List[dict]:
                 "wall_offset_ns": 0,
                 "wall_offset_err_ns": int(j.clock_err_ms.get(host[r], 0.0) * MS),
                 "cuda": {
-                    "launches": {"total": 165, "by_kernel": {"gemm": 165}},
-                    "sync": {"count": 1, "wait_ns": max(0, dur - busy)},
+                    "launches": {"total": 165, "by_kernel": {"gemm": 165}, "wait_ns": lw},
+                    "sync": {"count": 1, "wait_ns": max(0, dur - busy - lw)},
                     "timers": timers,
                 },
                 "nccl": {
@@ -320,13 +338,18 @@ def generate_gpu(j: GpuJob) -> List[dict]:
                 rows = [[0, tight[0] + c, tight[1] + c, "qq"]]
                 rows += [[b, tight[0] + c, ends[b] + c, "qe"] for b in range(1, j.buckets)]
                 ev["bounds"] = {comm: rows}
+            elif j.bounds == "coarse":  # an allocator polling every `query_ms`, at its own phase
+                ev["bounds"] = {comm: []}
+                for b in range(j.buckets):
+                    lo = ready_at[r][b] - int(rng.uniform(0.0, j.query_ms) * MS)
+                    ev["bounds"][comm].append([b, lo + c, lo + int(j.query_ms * MS) + c, "qq"])
             elif j.bounds == "tight":
                 ev["bounds"] = {
                     comm: [
                         [
                             b,
-                            reach[r][b] - int(rng.uniform(0.05, 0.4) * MS) + c,
-                            reach[r][b] + int(rng.uniform(0.05, 0.4) * MS) + c,
+                            ready_at[r][b] - int(rng.uniform(0.05, 0.4) * MS) + c,
+                            ready_at[r][b] + int(rng.uniform(0.05, 0.4) * MS) + c,
                             "qq",
                         ]
                         for b in range(j.buckets)

@@ -35,31 +35,42 @@ def judge(c: Collected) -> Tuple[Engine, List[Tuple[Alert, Optional[int]]]]:
     return eng, fired
 
 
-# (id, family, config, evidence source the alert must cite)
-Case = Tuple[str, str, Dict[str, Any], str]
+# (id, family, ranks, config, evidence source the alert must cite)
+Case = Tuple[str, str, int, Dict[str, Any], str]
+Q = "event queries"  # surely last at an instance, or estimated by the bounds' mid-points
 NAMED: List[Case] = [
     # the simulator as a stock PyTorch job (its default): 2 hosts, the proxy's local ncclNetSocketIsend
-    ("sim_net", "sim", {"timers": False, "ranks_per_host": 4}, "first network send"),
-    ("sim_timing", "sim", {"timers": False, "nccl_timing": True}, "in-collective GPU times"),
-    ("standins_net", "standins", {"variant": "async"}, "first network send"),
+    ("sim_net", "sim", 8, {"timers": False, "ranks_per_host": 4}, "first network send"),
+    ("sim_timing", "sim", 8, {"timers": False, "nccl_timing": True}, "in-collective GPU times"),
+    ("standins_net", "standins", 8, {"variant": "async"}, "first network send"),
     (
         "standins_timing",
         "standins",
+        8,
         {"variant": "async", "ranks_per_host": 8, "nccl_timing": True},
         "in-collective GPU times",
     ),
-    # Not here yet: one host, timing off, launch-bound (event queries alone). Named in 3-5 steps in
-    # the accuracy runs (benchmarks/diagnosis_accuracy.py sim-queries, standins-async-queries:
-    # docs/benchmarks.md 8.17), but as a test it once took 6 steps (simulator, CI) and once 44
-    # (stand-ins, here): not yet understood (issue 20).
+    # one host, timing off, launch-bound (a full launch queue: the host keeps pace with its GPU, its
+    # launches' waits are GPU waits): event queries alone. The simulator with 4 ranks: 8 launch-bound
+    # simulated ranks and the agent's launch probes keep both CPUs of this machine busy, and then,
+    # by the simulator's own ground truth, the straggler's GPU is no longer the one that comes last
+    # (docs/benchmarks.md 8.18)
+    ("sim_queries", "sim", 4, {"timers": False, "preset": "heavy", "overrides": {"launch_queue": 1024}}, Q),
+    ("standins_queries", "standins", 8, {"variant": "async", "ranks_per_host": 8, "launch_bound": True}, Q),
 ]
+# The stand-ins' allocator bounds an arrival within 11-15 ms, their 1.3x straggler is 10-15 ms late:
+# each step's evidence is marginal by their own query rate (surely last in 1 step of 4, estimated by
+# the mid-points in most others), and 8 launch-bound ranks on this machine's 2 CPUs blur it more.
+# Measured in 6 runs: 5-7 steps (docs/benchmarks.md 8.18).
+WITHIN = {"standins_queries": 10}
+STEPS = {"sim": (600, 40), "sim_queries": (200, 20), "standins": (250, 10)}  # steps, attach step
 
 
 @pytest.mark.parametrize("case", NAMED, ids=[c[0] for c in NAMED])
 def test_a_gpu_straggler_is_named_without_timers(case: Case) -> None:
-    _id, fam, extra, source = case
-    steps, at = (600, 40) if fam == "sim" else (250, 10)
-    c = collect_late(fam, 8, steps, "dp", ["straggler:rank=3,factor=1.3"], at, 10, **extra)
+    _id, fam, ranks, extra, source = case
+    steps, at = STEPS.get(_id, STEPS[fam])
+    c = collect_late(fam, ranks, steps, "dp", ["straggler:rank=3,factor=1.3"], at, 10, **extra)
     assert any(rs.gpu_arrival is not None for rs in c.steps), "no GPU-arrival evidence in the summaries"
     _eng, fired = judge(c)
     got = [(a.kind, a.ranks, s) for a, s in fired]
@@ -68,10 +79,10 @@ def test_a_gpu_straggler_is_named_without_timers(case: Case) -> None:
     first, at = named[0]
     ev = json.dumps(first.evidence, default=str)
     assert (first.kind, first.ranks) == ("straggler", [3]), f"{got} {ev}"
-    assert first.evidence["gpu_arrival"]["source"] == source, ev
+    assert source in first.evidence["gpu_arrival"]["source"], ev
     assert source in first.summary, first.summary
     seen = min(s for s in (trainer_step(c, rs) for rs in c.steps if rs.rank == 3) if s is not None)
-    assert at is not None and at - seen <= NAMED_WITHIN, (at, seen, got)
+    assert at is not None and at - seen <= WITHIN.get(_id, NAMED_WITHIN), (at, seen, got)
     others = [(a.kind, a.ranks) for a, _ in named if a.ranks != [3]]
     assert others == [], got
 

@@ -105,6 +105,60 @@ def test_ii_a_launch_bound_host_bounds_its_first_collectives_tightly_and_names_i
     assert arr.summary()["query_bound_ms"] < 0.5
 
 
+def test_ii_b_gpus_late_now_one_now_another_name_nobody_by_event_queries() -> None:
+    """Every GPU starts its step's work up to 40 ms late, at random (its host's time unchanged: the
+    simulated GPU of a launch-bound rank is a CPU thread, starved by 8 ranks and the agent on 2
+    CPUs; measured there: ±30-60 ms). The tight bounds say truly that some rank came last in most
+    steps, a different one each time, and now and then the same one 3 steps of 4: the group's
+    learnt noise in event queries keeps all unnamed. Without it one is named; a straggler whose
+    lateness passes the noise is named all the same."""
+    job = GpuJob(bounds="tight", hosts=1, gpu_jitter_ms=40.0, steps=200)
+    eng = run(job)
+    assert len(verdicts(eng)) < 20, verdicts(eng)  # the first steps, before the noise is known
+    assert named(eng) == [], fired(eng)
+    bare = run(job, Thresholds.from_pairs(["gpu_noise_min=100000"]))
+    # what it is there for (verdicts: of the last `window` steps)
+    assert len(verdicts(bare)) > 30 and named(bare), fired(bare)
+    slow = dataclasses.replace(job, slow=(3, 1.3, 100))  # late at every step, by 35-54 ms
+    got = fired(run(slow))
+    assert got and got[0][:2] == ("straggler", [3]) and got[0][2] <= 100 + 5, got
+
+
+def test_ii_c_bounds_wider_than_the_lateness_name_it_by_their_mid_points() -> None:
+    """Queries every 60 ms at their own phase bound each arrival within 60 ms, wider than the
+    straggler's lateness (35-54 ms): never surely last. The mid-points estimate it, and it alone
+    stands past the group's learnt spread of that estimate and past every peer by as much
+    (measured on the launch-bound stand-ins: bounds 11-15 ms wide, the straggler 10-15 ms late,
+    surely last in 5 of 20 steps). The bound said is the worst case: both half-widths. A healthy
+    job with those bounds raises nothing."""
+    job = GpuJob(bounds="coarse", query_ms=60.0, hosts=1, slow=SLOW)
+    eng = run(job)
+    got = fired(eng)
+    assert got and got[0][:2] == ("straggler", [3]) and got[0][2] <= FAULT + 5, got
+    assert named(eng) == [3], got
+    ev = straggler(eng).evidence["gpu_arrival"]
+    assert ev["source"] == "event queries (mid-points)", ev
+    assert ev["bound_ms"] == 60.0, ev
+    assert "(evidence: event queries (mid-points), ±60 ms)" in straggler(eng).summary
+    for seed in (1, 2, 3):
+        clean = run(dataclasses.replace(job, slow=None, steps=200, seed=seed))
+        assert clean.transitions == [], fired(clean)
+
+
+def test_ii_d_a_host_that_kept_its_launch_queue_full_did_not_launch_late() -> None:
+    """The straggler's host spends 15 ms more of its own time a step than its peers' (measured on
+    the simulator's launch-bound job on 2 CPUs: 14-36 ms): against its GPU's 35 ms lateness that
+    reads as a host that launched its work late, which must hold 12 of 16 steps. But its launches
+    waited 40 ms a step for a full launch queue, as long as its GPU came late: its host kept the GPU
+    fed, and the straggler is named as any other."""
+    late_host = GpuJob(bounds="paced", hosts=1, slow=SLOW, host_busy_ms={3: 15.0}, steps=60)
+    got = [x for x in fired(run(late_host)) if x[1]]
+    assert got and got[0][:2] == ("straggler", [3]) and got[0][2] >= FAULT + 12, got  # host-bound
+    fed = dataclasses.replace(late_host, launch_wait_ms=40.0)
+    got = [x for x in fired(run(fed)) if x[1]]
+    assert got and got[0][:2] == ("straggler", [3]) and got[0][2] <= FAULT + 5, got
+
+
 def test_ii_loose_bounds_on_two_hosts_name_nobody() -> None:
     """Bounds from the host's enqueue to the collective's end event hold every rank's arrival, the
     straggler's included: they separate nothing, and nobody is named from them."""

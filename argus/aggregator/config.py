@@ -120,6 +120,12 @@ class Thresholds:
     #: ... and at least `noise_k` x the group's own spread in that source (first network sends,
     #: in-collective GPU times), once this many healthy deviations are known
     gpu_noise_min: int = 8
+    #: ... event queries at this quantile of the members' deviations, not the 99th: a member's
+    #: deviation is a median over the step's tightly bounded instances, one value a step, and the
+    #: 99th of a few dozen is the few steps a rank was held up (measured, 4 launch-bound simulated
+    #: ranks: peers mostly within 13 ms, in 4 of 60 values 19-43 ms; the 1.3x straggler 18-31 ms
+    #: late, which the 99th kept unnamed in half of the steps); a verdict still needs 3 of 4 steps
+    gpu_query_noise_q: float = 0.9
 
     # ---- host stall -------------------------------------------------------------------------------
     #: the rank's host reached its collectives this late: max(abs, rel x median step)

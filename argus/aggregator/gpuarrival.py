@@ -37,12 +37,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from argus.aggregator.config import Thresholds
-from argus.aggregator.robust import Noise, median, teaching
+from argus.aggregator.robust import OUTLIER_K, Noise, median, teaching
 from argus.aggregator.state import Groups
 from argus.schema import GpuArrival, RankStep
 
-NET, QUERY, COLL = "net", "query", "coll"
-LABEL = {NET: "first network send", QUERY: "event queries", COLL: "in-collective GPU times"}
+NET, QUERY, QUERY_EST, COLL = "net", "query", "query_est", "coll"
+LABEL = {
+    NET: "first network send",
+    QUERY: "event queries",
+    QUERY_EST: "event queries (mid-points)",
+    COLL: "in-collective GPU times",
+}
 
 
 @dataclass
@@ -302,6 +307,7 @@ class GpuArrivals:
             if x is not None:
                 count[r] = x.collectives
         usual = Counter(count.values()).most_common(1)[0][0] if count else None
+        tightest: List[float] = []
         for r in members:
             ga = got.get(r)
             if ga is None or c not in ga.bounds:
@@ -312,14 +318,27 @@ class GpuArrivals:
             rec.bounds += len(ga.bounds[c])
             own = sorted(float(hi - lo) for _i, lo, hi, _s in ga.bounds[c] if hi and lo and hi >= lo)
             if own:  # a member's tightest: where its host kept pace with its GPU, queries bound
-                widths.append(own[0])  # arrivals tightly; the rest may be bounded by its end sync only
+                tightest.append(own[0])  # arrivals tightly; the rest may be bounded by its end sync only
+        widths += tightest
         if len(rows) < len(members):
             return  # a member's arrivals are not bounded: it may be the last
         sure: Dict[int, List[Tuple[float, float]]] = {}  # rank -> (lateness, bound) per instance
         compared = 0
+        # where every member's arrival is bounded tightly (not by its end event or sync: within 4x
+        # the lateness that matters, or twice the members' typical tightest), each member's distance
+        # from the instance's median mid-point
+        cap = max(4.0 * rec.floor_ns, 2.0 * median(tightest)) if tightest else 0.0
+        devs: Dict[int, List[float]] = {r: [] for r in members}
+        halves: Dict[int, List[float]] = {r: [] for r in members}
         for i in sorted(set.intersection(*(set(x) for x in rows.values()))):
             at = {r: rows[r][i] for r in members}
             compared += 1
+            if all(lo and hi and 0 <= hi - lo <= cap for lo, hi in at.values()):
+                mid = {r: (lo + hi) / 2 for r, (lo, hi) in at.items()}
+                m = median(list(mid.values()))
+                for y in members:
+                    devs[y].append(mid[y] - m)
+                    halves[y].append((at[y][1] - at[y][0]) / 2)
             r = max(at, key=lambda x: at[x][0])
             lo_r = at[r][0]
             others = [o for o in members if o != r]
@@ -331,11 +350,35 @@ class GpuArrivals:
             half = median([(at[x][1] - at[x][0]) / 2 for x in members if at[x][1] and at[x][0]] or [0.0])
             bound = max(half, th.gpu_bound_margin_ns + max(pair(r, o) for o in others))
             sure.setdefault(r, []).append((mine - median(mids), bound))
-        if len(sure) != 1:
-            return  # nobody, or several ranks last at different instances: nothing to say
-        r, vals = next(iter(sure.items()))
-        take(r, QUERY, median([v[0] for v in vals]), median([v[1] for v in vals]))
-        inst[r] = (len(vals), compared)
+        # the group's noise in each member's lateness estimated by the mid-points (its median over
+        # the step's tight instances), learnt from every member, this step's too (a straggler that
+        # stands out is not taught: robust.teaching), so that the first step judges
+        key = (c, QUERY)
+        est = {x: median(v) for x, v in devs.items()} if all(devs.values()) else {}
+        top = max(est, key=lambda x: est[x]) if est else -1
+        if est:
+            self._learn(key, -1, est, rec.floor_ns)
+        need = self._need(key)
+        if len(sure) == 1:
+            r, vals = next(iter(sure.items()))
+            if r in est and est[r] < need:
+                return  # surely last, by no more than the group's noise over the step's instances
+            take(r, QUERY, median([v[0] for v in vals]), median([v[1] for v in vals]))
+            inst[r] = (len(vals), compared)
+        elif (
+            not sure
+            and est
+            and need > 0
+            and est[top] - max(est[x] for x in members if x != top) >= max(need, rec.floor_ns)
+        ):
+            # Nobody surely last (bounds as wide as the lateness: a query every ~12 ms), but one
+            # member's arrivals, estimated by the mid-points, stand out past the group's learnt
+            # spread of the same estimate (`take`), and past every other member's by as much. Its
+            # bound: its half-width and the median member's, and the clocks across hosts.
+            unc = max(pair(top, o) for o in members if o != top)
+            hw = median(halves[top]) + median([median(halves[x]) for x in members if x != top])
+            take(top, QUERY_EST, est[top] - unc, hw + unc, need)
+        # (several ranks surely last at different instances: nothing to say)
 
     def _coll(
         self, c: str, members: List[int], got: Dict[int, GpuArrival], rec: StepEvidence, take: Any, step: int
@@ -373,14 +416,25 @@ class GpuArrivals:
         ranks on 2 hosts, clean): the latest first network send lay 2.5 ms past its peers' median on
         median, 3.8 ms at p90 — at the floor — while the others lay within 2.7 ms at p99: CPU
         contention delays a rank's work, now one, now another."""
-        th = self.th
-        n = self.noise.get(key)
-        if n is None:
-            n = self.noise[key] = Noise()
-        need = th.noise_k * n.scale() if len(n) >= th.gpu_noise_min else 0.0
+        need = self._need(key)
+        n = self.noise[key]
         m = median(list(vals.values()))
         n.add(teaching([abs(v - m) for x, v in vals.items() if x != top], floor))
         return need
+
+    def _need(self, key: Tuple[str, str]) -> float:
+        """The lateness the noise learnt so far for `key` reaches (0 until `gpu_noise_min` values)."""
+        n = self.noise.get(key)
+        if n is None:
+            n = self.noise[key] = Noise()
+        if len(n) < self.th.gpu_noise_min:
+            return 0.0
+        if key[1] != QUERY:
+            return self.th.noise_k * n.scale()
+        # event queries: a few dozen values while young, one a step per member (4 ranks: 3-4), and
+        # one early step of 14 ms among values of 1-2 ms held a 1.3x straggler (12-40 ms late)
+        # unnamed for 15 steps: no more than OUTLIER_K x their median, what `teaching` calls noise
+        return self.th.noise_k * min(n.scale(self.th.gpu_query_noise_q), OUTLIER_K * n.scale(0.5))
 
     # ---- what explanations ask ---------------------------------------------------------------------
 

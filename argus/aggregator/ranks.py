@@ -189,7 +189,8 @@ class L2:
         self.causes: Dict[FrozenSet[int], int] = {}  # component -> the rank named as its cause
         self.deferred: Dict[int, int] = {}  # rank -> steps its naming waited for a link peer's data
         self.members: Dict[str, List[int]] = {}  # symmetric group -> ranks (last step)
-        self.excess: Dict[int, Deque[Tuple[int, float]]] = {}  # rank -> (step, host_excess_ns), recent
+        # rank -> (step, host_excess_ns, launch_wait_ns), recent
+        self.excess: Dict[int, Deque[Tuple[int, float, int]]] = {}
 
     def _noise(self, key: Tuple[str, str]) -> Noise:
         n = self.noise.get(key)
@@ -297,7 +298,7 @@ class L2:
             past = self.excess.get(rs.rank)
             if past is None:
                 past = self.excess[rs.rank] = deque(maxlen=th.gpu_coll_steps + 1)
-            past.append((f.step, excess))
+            past.append((f.step, excess, rs.launch_wait_ns))
             dev = [x[1] for x in f.high.values()] + [x[1] for p, x in f.low.items() if p not in WAIT_PHASES]
             if f.gpu_arr is not None:
                 dev.append(f.gpu_arr.late_ns)
@@ -305,8 +306,14 @@ class L2:
                 # host's own time then says whether it launched the work late (a slow GPU leaves it
                 # as it was); over several steps the median, as the in-collective times are
                 e = f.gpu_arr.step
-                then = [v for s, v in past if e - f.gpu_arr.span < s <= e]
-                excess = median(then) if then else excess
+                then = [(v, w) for s, v, w in past if e - f.gpu_arr.span < s <= e]
+                excess = median([v for v, _w in then]) if then else excess
+                if then and median([w for _v, w in then]) >= f.gpu_arr.late_ns:
+                    # its host waited in launches, for a full launch queue, at least as long as its
+                    # GPU came late: it kept its GPU fed, whatever its own time (measured, 4
+                    # launch-bound simulated ranks: the straggler's host time 14-36 ms above its
+                    # peers' at every step, on a 2-core machine; its launch waits 40-60 ms)
+                    excess = 0.0
             if dev:  # (host waits in blocking calls are host time: they tell nothing here)
                 f.host_share = excess / max(dev)
 

@@ -56,7 +56,7 @@ class Noise:
 
     def __init__(self, size: int = 512) -> None:
         self.hist: Deque[float] = deque(maxlen=size)
-        self._cache = 0.0
+        self._cache = (0.99, 0.0)  # (quantile, its value)
         self._dirty = False
 
     def add(self, values: Iterable[float]) -> None:
@@ -66,12 +66,12 @@ class Noise:
     def __len__(self) -> int:
         return len(self.hist)
 
-    def scale(self) -> float:
-        if self._dirty:
+    def scale(self, q: float = 0.99) -> float:
+        if self._dirty or self._cache[0] != q:
             s = sorted(self.hist)
-            self._cache = quantile_sorted(s, 0.99) if s else 0.0
+            self._cache = (q, quantile_sorted(s, q) if s else 0.0)
             self._dirty = False
-        return self._cache
+        return self._cache[1]
 
 
 OUTLIER_K = 4.0
