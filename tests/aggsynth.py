@@ -242,10 +242,10 @@ class GpuJob:
     # 8 launch-bound ranks and the agent on 2 CPUs delay it by tens of ms)
     gpu_jitter_ms: float = 0.0
     # rank -> its host's own time is this much longer every step, its work launched in time (a
-    # launch-bound host on a busy machine); and every rank's launches wait this long a step for a
-    # full launch queue (`launches.wait_ns`)
+    # launch-bound host on a busy machine); rank -> its launches wait this long a step for a full
+    # launch queue (`launches.wait_ns`; "*": every other rank)
     host_busy_ms: Dict[int, float] = field(default_factory=dict)
-    launch_wait_ms: float = 0.0
+    launch_wait_ms: Dict[Any, float] = field(default_factory=dict)
 
 
 def generate_gpu(j: GpuJob) -> List[dict]:
@@ -302,7 +302,7 @@ def generate_gpu(j: GpuJob) -> List[dict]:
                     {"ms": ct / MS, "stream": COMM_STREAM},
                 ]
             busy = int((j.data_ms + 3.0 + j.host_busy_ms.get(r, 0.0)) * MS) + held[r]
-            lw = int(j.launch_wait_ms * MS)
+            lw = int(j.launch_wait_ms.get(r, j.launch_wait_ms.get("*", 0.0)) * MS)
             d: Dict[str, Any] = {
                 "schema": 1,
                 "job": j.job,

@@ -145,18 +145,22 @@ def test_ii_c_bounds_wider_than_the_lateness_name_it_by_their_mid_points() -> No
         assert clean.transitions == [], fired(clean)
 
 
-def test_ii_d_a_host_that_kept_its_launch_queue_full_did_not_launch_late() -> None:
+def test_ii_d_a_launch_bound_host_that_waited_more_for_its_gpu_did_not_launch_late() -> None:
     """The straggler's host spends 15 ms more of its own time a step than its peers' (measured on
-    the simulator's launch-bound job on 2 CPUs: 14-36 ms): against its GPU's 35 ms lateness that
+    the simulator's launch-bound job on 2 CPUs: 4-50 ms): against its GPU's 35 ms lateness that
     reads as a host that launched its work late, which must hold 12 of 16 steps. But its launches
-    waited 40 ms a step for a full launch queue, as long as its GPU came late: its host kept the GPU
-    fed, and the straggler is named as any other."""
+    also waited 15 ms longer than its peers' for a full launch queue (a slower GPU frees slots
+    later): its host kept the GPU fed, and it is named as any straggler. A host that stalls instead
+    lets its queue drain and waits less in launches: host-bound, as before."""
     late_host = GpuJob(bounds="paced", hosts=1, slow=SLOW, host_busy_ms={3: 15.0}, steps=60)
     got = [x for x in fired(run(late_host)) if x[1]]
     assert got and got[0][:2] == ("straggler", [3]) and got[0][2] >= FAULT + 12, got  # host-bound
-    fed = dataclasses.replace(late_host, launch_wait_ms=40.0)
-    got = [x for x in fired(run(fed)) if x[1]]
+    fed = dataclasses.replace(late_host, launch_wait_ms={"*": 30.0, 3: 45.0})
+    got = [x for x in fired(run(fed))]
     assert got and got[0][:2] == ("straggler", [3]) and got[0][2] <= FAULT + 5, got
+    drained = dataclasses.replace(late_host, launch_wait_ms={"*": 30.0, 3: 20.0})
+    got = [x for x in fired(run(drained)) if x[1]]
+    assert got and got[0][:2] == ("straggler", [3]) and got[0][2] >= FAULT + 12, got
 
 
 def test_ii_loose_bounds_on_two_hosts_name_nobody() -> None:

@@ -189,8 +189,7 @@ class L2:
         self.causes: Dict[FrozenSet[int], int] = {}  # component -> the rank named as its cause
         self.deferred: Dict[int, int] = {}  # rank -> steps its naming waited for a link peer's data
         self.members: Dict[str, List[int]] = {}  # symmetric group -> ranks (last step)
-        # rank -> (step, host_excess_ns, launch_wait_ns), recent
-        self.excess: Dict[int, Deque[Tuple[int, float, int]]] = {}
+        self.excess: Dict[int, Deque[Tuple[int, float]]] = {}  # rank -> (step, host_excess_ns), recent
 
     def _noise(self, key: Tuple[str, str]) -> Noise:
         n = self.noise.get(key)
@@ -288,17 +287,23 @@ class L2:
             if comm:
                 flags[vals[0][1]].gpu_last[p] = vals[1][0] - vals[0][0] > th.abs_min_ns
             noise.add(teaching(healthy, floor))
-        # host time outside GPU waits and blocking collectives, relative to the group (host stalls)
+        # host time outside GPU waits and blocking collectives, relative to the group (host stalls),
+        # less its launch waits relative to the group's: in a launch-bound job a host that stalls
+        # lets its launch queue drain and waits less in launches by as much as its own time grew,
+        # while a host whose GPU is slower waits more in them (measured on 4 simulated ranks on 2
+        # CPUs: a 1.3x straggler's own time +4-50 ms a step, its launch waits -8-+17 ms; a host
+        # stalled in a clean run: +19-38 ms and -4-19 ms). Without launch waits: its own time.
         ho = [own_host(rs) for rs in rsl]
         mho = median(ho)
+        mlw = median([rs.launch_wait_ns for rs in rsl])
         for rs, v in zip(rsl, ho):
             f = flags[rs.rank]
-            f.host_excess_ns = v - mho
+            f.host_excess_ns = v - mho - (rs.launch_wait_ns - mlw)
             excess = f.host_excess_ns
             past = self.excess.get(rs.rank)
             if past is None:
                 past = self.excess[rs.rank] = deque(maxlen=th.gpu_coll_steps + 1)
-            past.append((f.step, excess, rs.launch_wait_ns))
+            past.append((f.step, excess))
             dev = [x[1] for x in f.high.values()] + [x[1] for p, x in f.low.items() if p not in WAIT_PHASES]
             if f.gpu_arr is not None:
                 dev.append(f.gpu_arr.late_ns)
@@ -306,14 +311,8 @@ class L2:
                 # host's own time then says whether it launched the work late (a slow GPU leaves it
                 # as it was); over several steps the median, as the in-collective times are
                 e = f.gpu_arr.step
-                then = [(v, w) for s, v, w in past if e - f.gpu_arr.span < s <= e]
-                excess = median([v for v, _w in then]) if then else excess
-                if then and median([w for _v, w in then]) >= f.gpu_arr.late_ns:
-                    # its host waited in launches, for a full launch queue, at least as long as its
-                    # GPU came late: it kept its GPU fed, whatever its own time (measured, 4
-                    # launch-bound simulated ranks: the straggler's host time 14-36 ms above its
-                    # peers' at every step, on a 2-core machine; its launch waits 40-60 ms)
-                    excess = 0.0
+                then = [v for s, v in past if e - f.gpu_arr.span < s <= e]
+                excess = median(then) if then else excess
             if dev:  # (host waits in blocking calls are host time: they tell nothing here)
                 f.host_share = excess / max(dev)
 
