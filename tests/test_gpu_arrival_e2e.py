@@ -61,8 +61,10 @@ NAMED: List[Case] = [
 # The stand-ins' allocator bounds an arrival within 11-15 ms, their 1.3x straggler is 10-15 ms late:
 # each step's evidence is marginal by their own query rate (surely last in 1 step of 4, estimated by
 # the mid-points in most others), and 8 launch-bound ranks on this machine's 2 CPUs blur it more.
-# Measured in 6 runs: 5-7 steps (docs/benchmarks.md 8.18).
-WITHIN = {"standins_queries": 10}
+# Measured in 6 runs: 5-7 steps. The simulator's: 3 steps in 11 runs of 14, 4 in one, 6 in two: in
+# the first steps after attaching its host's own time on 2 CPUs reads as host-bound now and then
+# (docs/benchmarks.md 8.18). The accuracy runs count from the fault's onset: 3 steps in both.
+WITHIN = {"sim_queries": 6, "standins_queries": 10}
 STEPS = {"sim": (600, 40), "sim_queries": (200, 20), "standins": (250, 10)}  # steps, attach step
 
 
@@ -92,7 +94,8 @@ def test_one_host_without_timing_says_what_evidence_is_missing() -> None:
     queries bound nothing tightly): the slowdown is reported, nobody is named, and the alert says
     why it cannot tell which GPU came last."""
     extra = {"variant": "async", "ranks_per_host": 8}
-    c = collect_late("standins", 8, 300, "dp", ["straggler:rank=3,factor=2,from_step=90"], 10, 16, **extra)
+    # the fault once the agent is ready (8 busy stand-in ranks: ~10 s, 90-100 steps, on 2026-12-07)
+    c = collect_late("standins", 8, 300, "dp", ["straggler:rank=3,factor=2,from_step=160"], 10, 16, **extra)
     _eng, fired = judge(c)
     got = [(a.kind, a.ranks, a.summary) for a, _ in fired]
     assert [a for a, _ in fired if a.ranks] == [], got

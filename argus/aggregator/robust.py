@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Deque, Iterable, List, Sequence
+from typing import Deque, Dict, Iterable, List, Optional, Sequence
 
 
 def median(xs: Sequence[float]) -> float:
@@ -52,26 +52,28 @@ class Noise:
     a shared host is heavy-tailed — mostly nothing, now and then a few ms of launch gaps — so a lower
     quantile times a factor would be exceeded often by healthy ranks)."""
 
-    __slots__ = ("_cache", "_dirty", "hist")
+    __slots__ = ("_cache", "_sorted", "hist")
 
     def __init__(self, size: int = 512) -> None:
         self.hist: Deque[float] = deque(maxlen=size)
-        self._cache = (0.99, 0.0)  # (quantile, its value)
-        self._dirty = False
+        self._sorted: Optional[List[float]] = None  # hist sorted, until the next add
+        self._cache: Dict[float, float] = {}  # quantile -> its value, until the next add
 
     def add(self, values: Iterable[float]) -> None:
         self.hist.extend(values)
-        self._dirty = True
+        self._sorted = None
+        self._cache.clear()
 
     def __len__(self) -> int:
         return len(self.hist)
 
     def scale(self, q: float = 0.99) -> float:
-        if self._dirty or self._cache[0] != q:
-            s = sorted(self.hist)
-            self._cache = (q, quantile_sorted(s, q) if s else 0.0)
-            self._dirty = False
-        return self._cache[1]
+        v = self._cache.get(q)
+        if v is None:
+            if self._sorted is None:
+                self._sorted = sorted(self.hist)
+            v = self._cache[q] = quantile_sorted(self._sorted, q) if self._sorted else 0.0
+        return v
 
 
 OUTLIER_K = 4.0
