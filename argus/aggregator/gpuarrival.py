@@ -14,8 +14,12 @@ evidence, each with what it can prove (docs/diagnosis.md "Which GPU arrived last
   symmetric group (the same code: job-wide in a data-parallel job), across hosts.
 * **event-query and sync bounds** per collective instance (`bounds`: lo = the GPU had not reached
   it yet, hi = it had): r surely came last at an instance when its lo passes every other member's
-  hi by `gpu_bound_margin_ns` (+ the clocks' uncertainty across hosts). Loose bounds (an end event
-  includes the wait for the straggler) simply separate nothing.
+  hi by `gpu_bound_margin_ns` (+ the clocks' uncertainty across hosts), and its lateness estimated
+  by the bounds' mid-points passes the group's learnt noise in that estimate (CPU contention makes a
+  different GPU truly last each step). Where nobody is surely last (bounds as wide as the lateness)
+  the member whose estimate stands out past that noise and past every peer's is named from the
+  mid-points (`QUERY_EST`), with the worst-case bound. Loose bounds (an end event includes the
+  wait for the straggler) simply separate nothing.
 * **in-collective GPU times** (`coll_gpu_ns`, TORCH_NCCL_ENABLE_TIMING): all members finish a
   collective together, so the rank that came last spends least time in it; per rank the median of
   the step's times on a communicator; last when below every peer's by max(`gpu_time_tol_ns`,
