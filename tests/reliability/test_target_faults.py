@@ -175,7 +175,9 @@ def test_a_forked_worker_calling_the_library_is_not_traced_and_keeps_no_probe(tm
 def test_a_rank_that_runs_exec_is_traced_as_its_new_program(tmp_path: Path) -> None:
     """Same pid, new address space: the old image's steps are flushed, the agent says so and
     attaches to the new program, whose steps follow."""
-    rank = _start([sys.executable, str(FORK_EXEC), "exec", str(tmp_path), "60"], tmp_path, "execer")
+    # 300 steps an image: the exec must come after the agent is ready (6 s here on 2026-12-07; with
+    # 60 the rank had exec'd and finished before it was)
+    rank = _start([sys.executable, str(FORK_EXEC), "exec", str(tmp_path), "300"], tmp_path, "execer")
     probe = None
     try:
         _wait(lambda: _steps_done(tmp_path) >= 3, "the rank did not step")
