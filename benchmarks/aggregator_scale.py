@@ -315,6 +315,50 @@ def group_lag(client: Any, job: str, group: str = "argus-aggregate") -> Tuple[in
     return client.xlen(key), 0  # no group yet: nothing read
 
 
+def capacity(url: str, ranks: int = 10_000, steps: int = 4, job: str = "capacity") -> float:
+    """Summaries a second one `argus aggregate` reads, decodes and judges on this machine now:
+    `steps` job steps of `ranks` summaries are published first, at no pace, then the aggregator is
+    started and timed from its first read to the backlog read and acknowledged. The soak's test
+    paces below this: what it holds the aggregator to (lag bounded, memory flat) holds only under
+    its capacity, and a shared 2-core VM's varies 2x from day to day (2,900-5,600 a second)."""
+    from argus import redisconf
+    from argus.rediskeys import k_alert_state, k_alerts, k_leader, k_steps
+    from argus.replay import publish_all
+
+    client = redisconf.parse(url).client(timeout_s=30)
+    client.delete(k_steps(job), k_alerts(job), k_alert_state(job), k_leader(job))
+    start = time.time_ns() - int(steps * 2.5e9)
+    backlog = synthetic_steps(job, ranks, steps, seed=5, step_ms=2500, start_ns=start)
+    total = publish_all(client, backlog).entries
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "argus", "aggregate", "--redis", url, "--job", job, "-q"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=str(REPO),
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    try:
+        first: Optional[Tuple[float, int]] = None
+        deadline = time.monotonic() + 120.0
+        while time.monotonic() < deadline and proc.poll() is None:
+            lag, pending = group_lag(client, job)  # (xlen, 0) until its group exists
+            now = time.monotonic()
+            if first is None and lag < total:
+                first = (now, lag + pending)  # its first batch is read: start-up is not throughput
+            elif first is not None and lag == 0 and pending == 0:
+                return first[1] / max(now - first[0], 1e-3)
+            time.sleep(0.05)
+        raise RuntimeError(f"the aggregator did not read a backlog of {total:,} summaries in 120 s")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        client.delete(k_steps(job), k_alerts(job), k_alert_state(job), k_leader(job))
+
+
 def soak(
     url: str,
     ranks: int = 10_000,
