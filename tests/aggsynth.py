@@ -53,6 +53,9 @@ class Job:
     opt_ms: float = 1.7
     comm_ms: float = 30.0
     data_ms: float = 5.0
+    # each rank's communication timer off by up to this (a timer's noise on a shared host: which rank
+    # waited least by a margin is then chance, though the straggler still waits less than most)
+    comm_jitter_ms: float = 0.0
 
 
 def _comm_ids(j: Job) -> Dict[str, List[List[int]]]:
@@ -142,6 +145,8 @@ def generate(j: Job) -> List[dict]:
                     op = "Recv" if me == 0 else "Send"
                     arrivals.append([pp, 0, op, 4 << 20, enq + 100_000 + mb * 10_000, 3_000, 1 - me, "g"])
             comm_timer = end_comm[r] - (host_extra[r] + fwd[r] + bwd[r] / j.buckets)
+            if j.comm_jitter_ms:  # (only then: the other tests' random draws stay as they were)
+                comm_timer += rng.uniform(-j.comm_jitter_ms, j.comm_jitter_ms)
             timers = [
                 {"ms": fwd[r], "stream": COMPUTE},
                 {"ms": bwd[r], "stream": COMPUTE},

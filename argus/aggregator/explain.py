@@ -123,6 +123,18 @@ class Explainer:
 
     # ---- L2 ---------------------------------------------------------------------------------------
 
+    @staticmethod
+    def _under_median(l2: L2, key: str, eps: List[RankFlag]) -> List[Tuple[str, Tuple[float, float, int]]]:
+        """(communication phase, (median ratio, median ns less, steps under the median)) over the
+        flagged steps `eps`, for phases the rank spent less in than its group's median in most."""
+        out = []
+        for p, role in l2.roles.get(key, {}).items():
+            devs = [e.dev[p] for e in eps if role == "comm" and p in e.dev]
+            under = sum(1 for _r, d in devs if d < 0)
+            if devs and 2 * under > len(devs):
+                out.append((p, (median([r for r, _d in devs]), -median([d for _r, d in devs]), under)))
+        return sorted(out, key=lambda x: -x[1][1])
+
     def culprit(self, c: Culprit, l2: L2, flags: Dict[int, RankFlag], step: int, window: int) -> Finding:
         if c.kind == "slow_link":
             return self._pair(c, l2, step, window)
@@ -136,6 +148,9 @@ class Explainer:
         members = l2.members.get(key, [])
         high = sorted(((p, v) for p, v in summ.items() if not p.endswith(":low")), key=lambda x: -x[1][1])
         low = [(p[:-4], v) for p, v in summ.items() if p.endswith(":low")]
+        # named because it waited less than its group's median (argus.aggregator.ranks._waited_less),
+        # never by a margin that flagged it low: that is what says the others waited for it
+        under = [] if low else self._under_median(l2, key, eps)
         late = [e for e in eps if e.late]
         inst = sum(e.late_n for e in eps)
         last = sum(e.late_last for e in eps)
@@ -151,7 +166,7 @@ class Explainer:
             },
             "waited_for": {
                 p: {"ratio": round(v[0], 3), "peers_waited_ms": round(v[1] / 1e6, 2), "steps": v[2]}
-                for p, v in low
+                for p, v in (low or under)
             },
             "host_late_steps": len(late),
             "host_late_median_ms": round(median([e.late_ns for e in late]) / 1e6, 2) if late else 0.0,
@@ -206,6 +221,12 @@ class Explainer:
                     f"its GPU reached the collectives last in {gpu_last} of {len(eps)} steps "
                     f"(its {self.info.label(p)} is {_x(v[0])} its peers': they waited {_ms(v[1])} for it)"
                 )
+        elif under:
+            p, v = under[0]
+            parts.append(
+                f"it waited less than its peers' median in {v[2]} of {len(eps)} steps (its "
+                f"{self.info.label(p)} is {_x(v[0])} its peers': they waited {_ms(v[1])} for it)"
+            )
         elif arr_text:  # no communication timer: the GPU-arrival evidence says it
             parts.append(arr_text)
         if py:
