@@ -20,7 +20,7 @@ from argus.aggregator.config import PhaseInfo, Thresholds
 from argus.aggregator.engine import Engine
 from argus.schema import Heartbeat, RankStep
 from tests import families
-from tests.agg_probing import Collected, collect_hang, collect_late, job_slowed, trainer_step
+from tests.agg_probing import Collected, collect_hang, collect_late, job_slowed, rank_was_slow, trainer_step
 
 pytestmark = pytest.mark.bpf
 
@@ -117,9 +117,13 @@ def test_fault_is_named_attached_late(case: Case) -> None:
         assert at_step - onset <= AFTER_MAX, (at_step, onset, got)
     else:
         assert at_step - max(seen.values()) <= BEFORE_MAX, (at_step, seen, got)
-    # the same finding may resolve and fire again near its threshold; another one naming a rank may not
-    named = [(a.kind, a.ranks) for a, _ in fired[1:] if a.ranks and (a.kind, a.ranks) != (kind, ranks)]
-    assert named == [], f"other alerts naming ranks: {got}"
+    # the same finding may resolve and fire again near its threshold; another one naming a rank may
+    # not, unless the trainer's own records say that rank was slow then: the simulated GPUs are
+    # threads, and a co-tenant really slows one, as in clean runs (test_diagnosis_e2e). CI of 5f88dc5,
+    # on a machine at half its usual speed: `pipeline_bubble [4]` at step 344, 150 steps after the
+    # injected [5] was named
+    assert _others_named(c, fired[1:], kind, ranks) == [], f"other alerts naming ranks: {got}"
+
     # where the identity came from, and how sure: in the alert's evidence
     ident = first.evidence["identity"]
     assert ident["steps"]["aligned_by"] in ("time", "anchor+time", "anchor", "time+anchor"), ident
@@ -127,6 +131,20 @@ def test_fault_is_named_attached_late(case: Case) -> None:
         want = "table" if fam == "sim" else "accessors"
         assert ident["comm"]["identity"] == want and ident["comm"]["confidence"], ident
         assert first.evidence["comm_mode"] == ("async" if fam == "sim" else "blocking")
+
+
+def _others_named(
+    c: Collected, fired: List[Tuple[Alert, Optional[int]]], kind: str, ranks: List[int]
+) -> List[Tuple[str, List[int], Optional[int]]]:
+    """The alerts naming a rank other than the finding, but those where the trainer's own records
+    say that rank was slow then."""
+    return [
+        (a.kind, a.ranks, s)
+        for a, s in fired
+        if a.ranks
+        and (a.kind, a.ranks) != (kind, ranks)
+        and not (a.kind in ("straggler", "pipeline_bubble") and rank_was_slow(c, a.ranks[0], s))
+    ]
 
 
 @pytest.mark.parametrize("fam", families.FAMILIES)
@@ -178,21 +196,22 @@ def test_hang_after_attach_names_the_collective() -> None:
 
 # (family, steps, attach at, collective records kept per communicator-step): the simulator's 24
 # all-reduces a step become every 6th, the stand-ins' 4 every 2nd
-NTH = [("sim", 600, 40, 4), ("standins", 250, 10, 2)]
+NTH = [("sim", 8, 600, 40, 4), ("standins", 8, 250, 10, 2)]
 
 
-@pytest.mark.parametrize("fam, steps, at, keep", NTH, ids=[n[0] for n in NTH])
+@pytest.mark.parametrize("fam, ranks, steps, at, keep", NTH, ids=[n[0] for n in NTH])
 def test_straggler_named_from_every_nth_collective(
-    monkeypatch: pytest.MonkeyPatch, fam: str, steps: int, at: int, keep: int
+    monkeypatch: pytest.MonkeyPatch, fam: str, ranks: int, steps: int, at: int, keep: int
 ) -> None:
     """The issue's case with the agent keeping fewer collective records per communicator and step
     than the job issues (`--coll-records`, default 32: the `tp` preset's 3,200 a rank-step become
     32): BPF records every n-th, the same ones on every rank whenever its agent attached, and
     counts the rest; the straggler is still named, alone, as soon. Both families of stand-ins."""
     monkeypatch.setenv("ARGUS_PROBE_COLL_RECORDS", str(keep))
-    c = collect_late(fam, 8, steps, "dp", ["straggler:rank=5,factor=1.35"], at, 10)
+    slow = ranks - 3
+    c = collect_late(fam, ranks, steps, "dp", [f"straggler:rank={slow},factor=1.35"], at, 10)
     sampled = [rs for rs in c.steps if any(x.count > len(x.seqs) for x in rs.comms.values())]
-    assert len({rs.rank for rs in sampled}) == 8, "not every rank's collectives were sampled"
+    assert len({rs.rank for rs in sampled}) == ranks, "not every rank's collectives were sampled"
     # one step's instances are the same positions on every rank (the aggregator matches them), but
     # for the step a rank's agent began sampling in: it holds the instances before as well (one CI
     # run: 0, 1, 2, 4, 6 of 8 on one rank, 0, 2, 4, 6 on the others), matched by position
@@ -214,8 +233,8 @@ def test_straggler_named_from_every_nth_collective(
     assert not odd, [(r, k, pos[k]) for r, k in odd]
     _eng, fired = judge(c, families.PHASES[fam])
     got = [(a.kind, a.ranks, s) for a, s in fired]
-    assert fired and (fired[0][0].kind, fired[0][0].ranks) == ("straggler", [5]), got
-    seen = min(s for s in (trainer_step(c, rs) for rs in c.items if rs.rank == 5) if s is not None)
+    assert fired and (fired[0][0].kind, fired[0][0].ranks) == ("straggler", [slow]), got
+    seen = min(s for s in (trainer_step(c, rs) for rs in c.items if rs.rank == slow) if s is not None)
+    print(f"\nnamed at step {fired[0][1]}, first data at {seen}: {got}")
     assert fired[0][1] is not None and fired[0][1] - seen <= BEFORE_MAX, (got, seen)
-    named = [(a.kind, a.ranks) for a, _ in fired[1:] if a.ranks and (a.kind, a.ranks) != ("straggler", [5])]
-    assert named == [], got
+    assert _others_named(c, fired[1:], "straggler", [slow]) == [], got
