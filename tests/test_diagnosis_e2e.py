@@ -7,7 +7,6 @@ tests/test_attach_late_e2e.py.)"""
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -90,10 +89,7 @@ def test_fault_is_named_within_three_steps(
         # the victims' collective phase (grad_sync) is the largest, yet the straggler is named
         ev = first.evidence
         assert ev["waited_for"]["timer3"]["ratio"] < 0.9 and ev["symptoms"] == [0, 1, 2, 3, 5, 6, 7]
-        # the last step every rank timed (here once, 2026-12-07, one rank's summary of the last step
-        # had no timer3)
-        timed = Counter(rs.step for rs in c.steps if "timer3" in rs.phases)
-        last = max(s for s, n in timed.items() if n == 8)
+        last = max(rs.step or 0 for rs in c.steps)
         g = {rs.rank: rs.phases["timer3"] for rs in c.steps if rs.step == last}
         assert min(g, key=g.__getitem__) == 4 and all(g[r] > g[4] for r in g if r != 4)
     if _id == "slow_link_dp":
