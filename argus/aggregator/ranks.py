@@ -489,21 +489,31 @@ def name_culprits(
                     l2.links[(a, b)] = waited + 1  # a second phase is growing on one end: look again
                     continue
         strength = {x: _strength(l2, x, 2) for x in ordered}
+        # what a peer needs to take the cause from the rank already named: to have grown more in
+        # a phase that stood out as long as a cause must (`persist_k` steps); with phases, else as is
+        firm = {x: _strength(l2, x, th.persist_k) for x in ordered}
         if all(v == 1.0 for v in strength.values()):  # no phase stood out twice: take what there is
             strength = {x: _strength(l2, x, 1) for x in ordered}
         if all(v == 1.0 for v in strength.values()) and any(_gpu_last(l2, x) for x in ordered):
             # no timers: the one whose GPU surely reached the collectives last most often
-            strength = {x: 1.0 + _gpu_last(l2, x) for x in ordered}
+            strength = firm = {x: 1.0 + _gpu_last(l2, x) for x in ordered}
         elif all(v == 1.0 for v in strength.values()) and all(_has_waits(l2, x) for x in ordered):
             # blocking links, no GPU phases: the one the others waited for waited least itself
-            strength = {x: -l2.extra(x, WAIT_P2P)[1] for x in ordered}
+            strength = firm = {x: -l2.extra(x, WAIT_P2P)[1] for x in ordered}
         cause = max(ordered, key=lambda x: (strength[x], -x))
         prev = l2.causes.get(frozenset(comp))
         alone = grew_alone(ordered[0], ordered[1], l2, th, set(), need) if len(ordered) == 2 else None
-        if alone is not None:
+        # keep the rank already named unless a peer clearly outgrew it, persistently: a bubble's
+        # stage-0 victim (its backward waits as long as its peer's grew) had its thread-GPU's forward
+        # slowed 1.4-3.0x by CPU contention in 2-3 of 4 steps and took the cause, as a pipeline
+        # bubble or as a link (CI of 5f88dc5, and 2 runs of 3 here on 2026-12-07)
+        keep = prev if prev is not None and prev in cands else None
+        if alone is not None and (
+            keep is None or alone == keep or firm[alone] >= th.cause_keep * strength[keep]
+        ):
             cause = alone  # its own work grew, its peer's did not: both waiting phases grew alike
-        elif prev is not None and prev in cands and strength[cause] < th.cause_keep * strength[prev]:
-            cause = prev  # keep the rank already named unless a peer clearly outgrew it
+        elif keep is not None and (alone is not None or firm[cause] < th.cause_keep * strength[keep]):
+            cause = keep
         if cause not in cands:
             continue  # its peer grew more but is not persistent yet: decide next step
         l2.causes[frozenset(comp)] = cause
