@@ -319,8 +319,9 @@ def capacity(url: str, ranks: int = 10_000, steps: int = 4, job: str = "capacity
     """Summaries a second one `argus aggregate` reads, decodes and judges on this machine now:
     `steps` job steps of `ranks` summaries are published first, at no pace, then the aggregator is
     started and timed from its first read to the backlog read and acknowledged. The soak's test
-    paces below this: what it holds the aggregator to (lag bounded, memory flat) holds only under
-    its capacity, and a shared 2-core VM's varies 2x from day to day (2,900-5,600 a second)."""
+    paces well below this (live, beside the publisher, it reads 72-86% of it): what it holds the
+    aggregator to (lag bounded, memory flat) holds only under its capacity, and a shared 2-core
+    VM's varies 2x from day to day (2,900-5,600 a second)."""
     from argus import redisconf
     from argus.rediskeys import k_alert_state, k_alerts, k_leader, k_steps
     from argus.replay import publish_all
