@@ -158,9 +158,42 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+# --------------------------------------------------------------------------- noisy end-to-end runs
+
+_RETRIED: List[Tuple[str, str, bool]] = []  # (test, its first failure's message, the rerun passed)
+
+
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]) -> Optional[bool]:
+    """A test marked `noisy_vm` that fails runs once more, and the summary lists both outcomes. Such
+    tests run a multi-rank job whose simulated GPUs are threads on this 2-CPU VM, so their timing
+    follows the machine's speed: on 2026-12-07, at half its usual speed, about 4 of the 30 attach-
+    late e2e tests failed per run, a different 4 each run, on this code and the last stop's alike
+    (docs/benchmarks.md 8.19). A diagnosis wrong twice in a row still fails the session."""
+    if item.get_closest_marker("noisy_vm") is None:
+        return None
+    from _pytest.runner import runtestprotocol
+
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    reports = runtestprotocol(item, nextitem=nextitem, log=False)
+    first = next((r for r in reports if r.failed), None)
+    if first is not None:
+        said = [x for x in first.longreprtext.splitlines() if x.startswith("E ")] or [""]
+        reports = runtestprotocol(item, nextitem=nextitem, log=False)
+        _RETRIED.append((item.nodeid, said[0][:300], not any(r.failed for r in reports)))
+    for r in reports:
+        item.ihook.pytest_runtest_logreport(report=r)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
 ) -> None:
+    if _RETRIED:
+        terminalreporter.section("noisy_vm tests run twice (the first run failed)", sep="=", yellow=True)
+        for nodeid, said, ok in _RETRIED:
+            terminalreporter.write_line(f"{'passed' if ok else 'FAILED'} on rerun: {nodeid}")
+            terminalreporter.write_line(f"    first: {said}")
     if not _PROBLEMS:
         return
     tiers = ",".join(sorted(required_tiers()))

@@ -22,7 +22,7 @@ from argus.schema import Heartbeat, RankStep
 from tests import families
 from tests.agg_probing import Collected, collect_hang, collect_late, job_slowed, rank_was_slow, trainer_step
 
-pytestmark = pytest.mark.bpf
+pytestmark = [pytest.mark.bpf, pytest.mark.noisy_vm]
 
 BEFORE_MAX = 5  # steps after the faulty rank's first aligned data
 AFTER_MAX = 3  # steps after the onset

@@ -26,7 +26,7 @@ from tests.agg_probing import (
     rank_was_slow,
 )
 
-pytestmark = pytest.mark.bpf
+pytestmark = [pytest.mark.bpf, pytest.mark.noisy_vm]
 
 NAMES = "forward,backward,optimizer,grad_sync"  # the simulator's timer0..3
 MAX_LATENCY = 3  # steps after onset

@@ -19,7 +19,7 @@ from argus.aggregator.engine import Engine
 from argus.schema import RankStep
 from tests.agg_probing import Collected, collect_late, trainer_step
 
-pytestmark = [pytest.mark.bpf, pytest.mark.slow]
+pytestmark = [pytest.mark.bpf, pytest.mark.slow, pytest.mark.noisy_vm]
 
 NAMED_WITHIN = 5  # steps after the faulty rank's first aligned data (the evidence is one step late)
 
