@@ -127,6 +127,9 @@ def test_unsupported_interpreters_are_refused_with_the_range() -> None:
             p.wait()
 
 
+# ~20 samples of each rank's data phase at 99 Hz over the run: their share is within 15% of the
+# trainer's own time by a margin that a slow VM eats (CI of 1401e34: 240.6 ms against 205.0)
+@pytest.mark.noisy_vm
 def test_simulated_trainer_phases_host_stall_and_gc(tmp_path: Path) -> None:
     cfg = SimConfig(
         timers=True,

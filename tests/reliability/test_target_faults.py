@@ -185,7 +185,9 @@ def test_a_rank_that_runs_exec_is_traced_as_its_new_program(tmp_path: Path) -> N
         probe.wait_for("Tracing 1 process(es)")
         probe.wait_for(f"pid {rank.pid} ran exec (", timeout=60)
         probe.wait_for(f"pid {rank.pid}: rank 0 of job execer on ", timeout=30)
-        assert (tmp_path / "exec'd").exists()
+        # the new image writes it once its Python has started; the agent may know the rank first, from
+        # the environment the exec kept (CI of 1401e34: not there yet when asserted at once)
+        _wait(lambda: (tmp_path / "exec'd").exists(), "the new image did not start", timeout=30)
         execed_at = len(probe.out)
         _wait(
             lambda: any(json.loads(x).get("step") is not None for x in probe.out[execed_at:] if x.strip()),
