@@ -12,7 +12,7 @@ from argus.aggregator.config import PhaseInfo
 from argus.aggregator.distributions import Drift, Shift
 from argus.aggregator.gpuarrival import GpuArrivals, sources_text
 from argus.aggregator.hang import HangFinding
-from argus.aggregator.ranks import L2, Culprit, RankFlag
+from argus.aggregator.ranks import L2, Culprit, RankFlag, comm_phases
 from argus.aggregator.robust import median
 from argus.aggregator.state import JOB_GROUP, Groups
 from argus.aggregator.steptime import L1Finding
@@ -128,8 +128,8 @@ class Explainer:
         """(communication phase, (median ratio, median ns less, steps under the median)) over the
         flagged steps `eps`, for phases the rank spent less in than its group's median in most."""
         out = []
-        for p, role in l2.roles.get(key, {}).items():
-            devs = [e.dev[p] for e in eps if role == "comm" and p in e.dev]
+        for p in comm_phases(l2, key):
+            devs = [e.dev[p] for e in eps if p in e.dev]
             under = sum(1 for _r, d in devs if d < 0)
             if devs and 2 * under > len(devs):
                 out.append((p, (median([r for r, _d in devs]), -median([d for _r, d in devs]), under)))

@@ -534,12 +534,16 @@ def _others_waited(l2: L2, rank: int) -> bool:
     and a phase outlier is taken as it is. Measured: in clean simulated runs on 2 cores, a rank's
     forward grew 1.33x for 4-7 steps from CPU contention while its peers waited for nobody."""
     eps = l2.episode(rank, WAITED_STEPS)
-    group = eps[-1].group if eps else None
-    comm = [p for p, role in l2.roles.get(group or "", {}).items() if role == "comm"]
-    if group is None or not comm:
+    comm = comm_phases(l2, eps[-1].group) if eps else []
+    if not comm:
         return True
     waited = sum(1 for f in eps if f.late or f.low or any(f.gpu_last.values()) or f.gpu_arr is not None)
     return 2 * waited >= len(eps) or _waited_less(l2, eps, comm)
+
+
+def comm_phases(l2: L2, group: str) -> List[str]:
+    """The group's communication phases (the rank everyone waits for spends least in them)."""
+    return [p for p, role in l2.roles.get(group, {}).items() if role == "comm"]
 
 
 def _waited_less(l2: L2, eps: List[RankFlag], comm: List[str]) -> bool:
